@@ -1,0 +1,80 @@
+# Stoker — the two commands a newcomer needs: `make run` and `make test`.
+# Both run `make setup` first; it is idempotent and a no-op in seconds when nothing changed.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PY        ?= python3
+STATE     := $(CURDIR)/.stoker
+VENV      := $(STATE)/venv
+BIN       := $(VENV)/bin
+CACHE     ?= $(HOME)/.cache/stoker
+KAFKA_VER := 4.1.1
+KAFKA_DIR := $(CACHE)/kafka-$(KAFKA_VER)
+UV_VER    := 0.13.9
+PYTEST_ARGS ?=
+
+export STOKER_HOME := $(STATE)
+export STOKER_CACHE := $(CACHE)
+export PATH := $(BIN):$(PATH)
+export HF_HUB_OFFLINE := 1
+export SPARK_LOCAL_IP := 127.0.0.1
+export PYSPARK_PYTHON := $(BIN)/python
+
+.PHONY: help setup check-tools venv kafka-jars sample run test test-unit lint bench up down clean
+
+help:
+	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
+	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
+	@echo "make bench  Spark tokenisation vs raw tokenizers encode_batch"
+	@echo "make lint   ruff + mypy on the core"
+	@echo "make clean  stop the embedded broker and remove .stoker/ (run state)"
+
+setup: check-tools venv kafka-jars sample
+
+check-tools:
+	@command -v java >/dev/null || { echo "setup: java not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jdk-headless)"; exit 1; }
+	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || { echo "setup: Java 17+ is required, found: $$(java -version 2>&1 | head -1)"; exit 1; }
+	@command -v mvn >/dev/null || { echo "setup: mvn not found: install Maven (Debian: apt-get install maven)"; exit 1; }
+	@command -v $(PY) >/dev/null || { echo "setup: $(PY) not found: install Python 3.11"; exit 1; }
+
+# The venv is rebuilt only when requirements.lock or pyproject.toml change (their hash is the stamp).
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@test -x $(BIN)/uv && $(BIN)/uv --version | grep -q $(UV_VER) || $(BIN)/pip install -q uv==$(UV_VER)
+	$(BIN)/uv pip install --python $(BIN)/python -q -r requirements.lock
+	$(BIN)/uv pip install --python $(BIN)/python -q --no-deps -e .
+	@touch $@
+
+# Apache Kafka's jars from Maven Central, cached per user (they do not depend on the checkout).
+kafka-jars: $(KAFKA_DIR)/.complete
+$(KAFKA_DIR)/.complete: stoker/broker/pom.xml
+	@mkdir -p $(KAFKA_DIR)
+	mvn -q -B -f stoker/broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(KAFKA_DIR)/libs
+	@test -n "$$(ls $(KAFKA_DIR)/libs/kafka_2.13-$(KAFKA_VER).jar)"
+	@touch $@
+
+sample: $(STATE)/data/sample/_SUCCESS
+$(STATE)/data/sample/_SUCCESS: stoker/sample.py | venv
+	$(BIN)/stoker sample-corpus --force
+
+run: setup
+	$(BIN)/stoker refresh sample --ds $${DS:-$$(date -u +%F)}
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check stoker spark_jobs plugins dags training tests bench
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python bench/tokenize_bench.py
+
+clean:
+	-$(BIN)/stoker kafka down
+	rm -rf $(STATE)

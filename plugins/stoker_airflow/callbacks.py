@@ -1,0 +1,28 @@
+"""Stage timings for the run summary: each task notes its first start and last end in the run folder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stoker import paths
+from stoker.runs import record_stage
+
+
+def run_ds(context: Any) -> str:
+    """The run's date: the logical date, or the run_after date of a run triggered without one."""
+    dag_run = context["dag_run"]
+    when = context.get("logical_date") or dag_run.logical_date or dag_run.run_after
+    return when.strftime("%Y-%m-%d")
+
+
+def _record(context: Any, event: str) -> None:
+    corpus = context["dag"].dag_id.removeprefix("refresh_")
+    record_stage(paths.run_dir(corpus, run_ds(context)), context["task"].task_id, event)
+
+
+def stage_started(context: Any) -> None:
+    _record(context, "start")
+
+
+def stage_finished(context: Any) -> None:
+    _record(context, "end")

@@ -1,0 +1,170 @@
+"""Sensors of a refresh. The Kafka ones defer to async triggers, so a long wait holds no worker slot."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
+
+from stoker import kafka as skafka
+from stoker import paths
+from stoker.manifest import Manifest, read_manifest
+from stoker_airflow.hooks import StokerKafkaHook
+from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger
+
+
+class SourceReadySensor(BaseSensorOperator):
+    """Waits until a night's drop is complete: its ``success_marker`` exists (or, with no marker,
+    any data file). Local folders here; s3:// and hdfs:// arrive with the object-store issue."""
+
+    template_fields: Sequence[str] = ("uri",)
+
+    def __init__(self, *, uri: str, success_marker: str | None = "_SUCCESS", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.uri = uri
+        self.success_marker = success_marker
+
+    def _folder(self):
+        uri = self.uri.removeprefix("file://")
+        if "://" in uri:
+            raise AirflowFailException(f"source uri {self.uri!r}: only local folders are supported by this "
+                                       "version of await_source")
+        return paths.resolve_local(uri)
+
+    def poke(self, context: Any) -> bool:
+        folder = self._folder()
+        if self.success_marker:
+            ready = (folder / self.success_marker).exists()
+        else:
+            ready = folder.is_dir() and any(not p.name.startswith(("_", ".")) for p in folder.iterdir())
+        self.log.info("%s: %s", folder, "complete" if ready else f"waiting for {self.success_marker or 'data'}")
+        return ready
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return super().execute(context)
+        except AirflowSensorTimeout:
+            what = self.success_marker or "any data file"
+            raise AirflowSensorTimeout(
+                f"source {self._folder()} had no {what} after {self.timeout:.0f}s: the night's drop is "
+                "incomplete; check the upstream export, or raise source.timeout_s in the corpus config"
+            ) from None
+
+
+class _DeferrableKafkaSensor(BaseSensorOperator):
+    def __init__(self, *, kafka_config_id: str = "kafka_default", poll_interval: float = 5.0,
+                 deferrable: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("timeout", 3600)
+        super().__init__(poke_interval=poll_interval, **kwargs)
+        self.kafka_config_id = kafka_config_id
+        self.poll_interval = poll_interval
+        self.deferrable = deferrable
+
+    def _config(self) -> dict[str, Any]:
+        return StokerKafkaHook(self.kafka_config_id).get_config()
+
+    def _deadline(self) -> float:
+        return time.time() + self.timeout
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        if self.poke(context):
+            return self._done(context)
+        self.defer(trigger=self._trigger(), method_name="execute_complete")
+
+    def _trigger(self) -> Any:
+        raise NotImplementedError
+
+    def _done(self, context: Any) -> Any:
+        return None
+
+
+class KafkaPublishedSensor(_DeferrableKafkaSensor):
+    """Succeeds when the run topic's read_committed end offsets equal the manifest's."""
+
+    template_fields: Sequence[str] = ("manifest_path",)
+
+    def __init__(self, *, manifest_path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.manifest_path = manifest_path
+
+    def _manifest(self) -> Manifest:
+        return read_manifest(self.manifest_path)
+
+    def poke(self, context: Any) -> bool:
+        m = self._manifest()
+        actual = skafka.end_offsets(self._config(), m.topic)
+        if any(actual.get(p, 0) > e for p, e in m.end_offsets().items()) or set(actual) - set(m.end_offsets()):
+            raise AirflowFailException(f"topic {m.topic} holds more than its manifest: end offsets {actual}, "
+                                       f"manifest {m.end_offsets()}: something else writes to it; re-run the date")
+        self.log.info("topic %s end offsets %s, manifest %s", m.topic, actual, m.end_offsets())
+        return actual == m.end_offsets()
+
+    def _trigger(self) -> KafkaPublishedTrigger:
+        m = self._manifest()
+        return KafkaPublishedTrigger(topic=m.topic, expected={str(k): v for k, v in m.end_offsets().items()},
+                                     kafka_config_id=self.kafka_config_id, poll_interval=self.poll_interval,
+                                     deadline=self._deadline())
+
+    def _done(self, context: Any) -> dict[str, Any]:
+        m = self._manifest()
+        return {"topic": m.topic, "sequences": m.sequences, "end_offsets": m.end_offsets()}
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        if event["status"] == "published":
+            return self._done(context)
+        raise AirflowFailException(
+            f"topic {event['topic']}: end offsets {event.get('end_offsets')} != manifest {event.get('expected')} "
+            f"({event['status']} after {self.timeout:.0f}s{'; ' + event['error'] if event.get('error') else ''}): "
+            "the publish did not complete; re-run tokenize_publish"
+        )
+
+
+class KafkaLagSensor(_DeferrableKafkaSensor):
+    """Succeeds when ``group_id``'s lag on the run topic is at most ``max_lag`` messages.
+
+    Logs progress (messages, tokens, % of the run consumed) while it waits; on timeout fails with
+    the lag it last saw per partition.
+    """
+
+    template_fields: Sequence[str] = ("manifest_path", "group_id")
+
+    def __init__(self, *, manifest_path: str, group_id: str, max_lag: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_lag < 0:
+            raise ValueError(f"max_lag = {max_lag}: must be >= 0")
+        self.manifest_path = manifest_path
+        self.group_id = group_id
+        self.max_lag = max_lag
+
+    def _report(self) -> tuple[Manifest, skafka.LagReport]:
+        m = read_manifest(self.manifest_path)
+        committed = skafka.committed_offsets(self._config(), self.group_id, m.topic, m.end_offsets())
+        starts = {p.partition: p.start_offset for p in m.partitions}
+        return m, skafka.compute_lag(m.end_offsets(), committed, starts, m.seq_len)
+
+    def poke(self, context: Any) -> bool:
+        _m, report = self._report()
+        self.log.info("group %s: %s", self.group_id, report.describe())
+        return report.lag <= self.max_lag
+
+    def _trigger(self) -> KafkaLagTrigger:
+        m = read_manifest(self.manifest_path)
+        return KafkaLagTrigger(
+            topic=m.topic, group_id=self.group_id, end={str(k): v for k, v in m.end_offsets().items()},
+            start={str(p.partition): p.start_offset for p in m.partitions}, max_lag=self.max_lag,
+            tokens_per_message=m.seq_len, kafka_config_id=self.kafka_config_id,
+            poll_interval=self.poll_interval, deadline=self._deadline())
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        if event["status"] == "caught_up":
+            return event
+        raise AirflowFailException(
+            f"consumer group {self.group_id} still lags after {self.timeout:.0f}s: {event.get('lag')} messages "
+            f"({event.get('lag_tokens')} tokens) per partition {event.get('partitions')} "
+            f"{event.get('error', '')}: is the trainer running? raise the sensor timeout or max_lag"
+        )

@@ -1,0 +1,124 @@
+"""Async triggers for the triggerer: Kafka's blocking admin calls run in a thread, never on the loop.
+
+Each trigger carries an absolute ``deadline`` (epoch seconds) so a trigger that is serialised,
+moved to another triggerer and restarted still times out when the sensor said it would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from stoker import kafka as skafka
+
+
+async def _kafka_config(kafka_config_id: str) -> dict[str, Any]:
+    from stoker_airflow.hooks import StokerKafkaHook
+
+    return await asyncio.to_thread(StokerKafkaHook(kafka_config_id).get_config)
+
+
+class KafkaPublishedTrigger(BaseTrigger):
+    """Fires when the topic's read_committed end offsets equal the manifest's (or on the deadline)."""
+
+    def __init__(self, *, topic: str, expected: dict[str, int], kafka_config_id: str = "kafka_default",
+                 poll_interval: float = 5.0, deadline: float | None = None) -> None:
+        super().__init__()
+        self.topic = topic
+        self.expected = {str(k): int(v) for k, v in expected.items()}
+        self.kafka_config_id = kafka_config_id
+        self.poll_interval = poll_interval
+        self.deadline = deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("stoker_airflow.triggers.KafkaPublishedTrigger", {
+            "topic": self.topic, "expected": self.expected, "kafka_config_id": self.kafka_config_id,
+            "poll_interval": self.poll_interval, "deadline": self.deadline})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        config = await _kafka_config(self.kafka_config_id)
+        while True:
+            try:
+                actual = await asyncio.to_thread(skafka.end_offsets, config, self.topic)
+            except Exception as e:  # noqa: BLE001 - a transient broker error is retried until the deadline
+                actual, error = {}, str(e)
+            else:
+                error = ""
+            got = {str(k): v for k, v in actual.items()}
+            if got == self.expected:
+                yield TriggerEvent({"status": "published", "topic": self.topic, "end_offsets": got})
+                return
+            if any(got.get(p, 0) > want for p, want in self.expected.items()) or set(got) - set(self.expected):
+                yield TriggerEvent({"status": "mismatch", "topic": self.topic, "end_offsets": got,
+                                    "expected": self.expected})
+                return
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", "topic": self.topic, "end_offsets": got,
+                                    "expected": self.expected, "error": error})
+                return
+            self.log.info("waiting for %s: end offsets %s, manifest %s %s", self.topic, got, self.expected, error)
+            await asyncio.sleep(self.poll_interval)
+
+
+class KafkaLagTrigger(BaseTrigger):
+    """Fires when a consumer group's lag on a topic is at most ``max_lag`` messages, logging progress.
+
+    ``end`` and ``start`` come from the run manifest (the stage trusts it, not the live topic), so
+    lag reaches exactly 0 when the group has committed the manifest's end offsets.
+    """
+
+    def __init__(self, *, topic: str, group_id: str, end: dict[str, int], start: dict[str, int] | None = None,
+                 max_lag: int = 0, tokens_per_message: int = 0, kafka_config_id: str = "kafka_default",
+                 poll_interval: float = 10.0, deadline: float | None = None) -> None:
+        super().__init__()
+        self.topic = topic
+        self.group_id = group_id
+        self.end = {str(k): int(v) for k, v in end.items()}
+        self.start = {str(k): int(v) for k, v in (start or {}).items()}
+        self.max_lag = max_lag
+        self.tokens_per_message = tokens_per_message
+        self.kafka_config_id = kafka_config_id
+        self.poll_interval = poll_interval
+        self.deadline = deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("stoker_airflow.triggers.KafkaLagTrigger", {
+            "topic": self.topic, "group_id": self.group_id, "end": self.end, "start": self.start,
+            "max_lag": self.max_lag, "tokens_per_message": self.tokens_per_message,
+            "kafka_config_id": self.kafka_config_id, "poll_interval": self.poll_interval,
+            "deadline": self.deadline})
+
+    def _report(self, config: dict[str, Any]) -> skafka.LagReport:
+        end = {int(k): v for k, v in self.end.items()}
+        committed = skafka.committed_offsets(config, self.group_id, self.topic, end)
+        return skafka.compute_lag(end, committed, {int(k): v for k, v in self.start.items()},
+                                  self.tokens_per_message)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        config = await _kafka_config(self.kafka_config_id)
+        last = None
+        while True:
+            try:
+                report = await asyncio.to_thread(self._report, config)
+            except Exception as e:  # noqa: BLE001
+                if self.deadline is not None and time.time() >= self.deadline:
+                    yield TriggerEvent({"status": "timeout", "error": str(e), "lag": last})
+                    return
+                self.log.warning("lag check of %s on %s failed, retrying: %s", self.group_id, self.topic, e)
+                await asyncio.sleep(self.poll_interval)
+                continue
+            last = {"lag": report.lag, "lag_tokens": report.lag_tokens,
+                    "consumed_fraction": report.consumed_fraction,
+                    "partitions": {str(p.partition): p.lag for p in report.partitions}}
+            if report.lag <= self.max_lag:
+                yield TriggerEvent({"status": "caught_up", **last})
+                return
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", **last})
+                return
+            self.log.info("group %s on %s: %s", self.group_id, self.topic, report.describe())
+            await asyncio.sleep(self.poll_interval)

@@ -1,0 +1,299 @@
+"""Spark application: read → validate → normalise → dedup → tokenise → pack → publish → manifest.
+
+Submitted with ``spark-submit spark_jobs/tokenize_publish.py --corpus corpora/<name>.yaml --ds ...``
+(Airflow's ``tokenize_publish`` task does this through ``spark_default``). Kafka's client config
+comes from ``$STOKER_KAFKA_CONFIG`` (JSON), never from the command line, so secrets stay out of
+process listings.
+
+Delivery is exactly-once for read_committed consumers: one Kafka transaction per Spark partition,
+fenced on retry (spark_jobs/publish.py). The manifest is written last and atomically: it is the
+commit point of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import re
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from stoker import kafka as skafka
+from stoker import paths, records
+from stoker.config import CorpusConfig, load_corpus
+from stoker.exceptions import ConfigError
+from stoker.manifest import Manifest, PartitionRange, write_manifest
+from stoker.sample import sha256_file
+
+log = logging.getLogger("stoker.tokenize_publish")
+
+PARSED_SCHEMA = "source string, line long, text string, reason string, detail string, raw binary, digest binary"
+
+
+def parse_batches(fmt: str, text_field: str, normalization: str, min_chars: int, max_chars: int):
+    """mapInArrow function: binaryFile rows (one per file) → one row per input line."""
+    def run(batches):
+        import pyarrow as pa
+
+        from spark_jobs.steps import clean, parse_line, split_lines
+
+        cols = ["source", "line", "text", "reason", "detail", "raw", "digest"]
+        for batch in batches:
+            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist(),
+                                     strict=True):
+                rows: dict[str, list] = {c: [] for c in cols}
+                for line_no, raw in split_lines(content):
+                    p = clean(parse_line(path, line_no, raw, fmt, text_field), normalization, min_chars, max_chars)
+                    for c in cols:
+                        rows[c].append(getattr(p, c))
+                    if p.reason is None:
+                        rows["raw"][-1] = None  # only the quarantine needs the raw bytes
+                yield pa.RecordBatch.from_pydict(rows, schema=_parsed_arrow_schema())
+    return run
+
+
+def _parsed_arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([("source", pa.string()), ("line", pa.int64()), ("text", pa.string()),
+                      ("reason", pa.string()), ("detail", pa.string()), ("raw", pa.binary()),
+                      ("digest", pa.binary())])
+
+
+def read_parsed(spark, cfg: CorpusConfig, uri: str):
+    """One row per input line, each either kept (text) or dropped (reason)."""
+    c = cfg.clean
+    binary = spark.read.format("binaryFile").load(_spark_path(uri))
+    fn = parse_batches(cfg.source.format, cfg.source.text_field, c.normalization, c.min_chars, c.max_chars)
+    return binary.select("path", "content").mapInArrow(fn, PARSED_SCHEMA)
+
+
+def mark_duplicates(parsed):
+    """Exact dedup: of rows with the same digest the first by (source, line) is kept."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from spark_jobs.steps import DUPLICATE
+
+    w = Window.partitionBy("digest").orderBy("source", "line")
+    rank = F.when(F.col("reason").isNull(), F.row_number().over(w))
+    return (parsed.withColumn("_rank", rank)
+            .withColumn("reason", F.when(F.col("_rank") > 1, F.lit(DUPLICATE)).otherwise(F.col("reason")))
+            .withColumn("detail", F.when(F.col("_rank") > 1, F.lit("same text as an earlier record"))
+                        .otherwise(F.col("detail")))
+            .drop("_rank"))
+
+
+def _spark_path(uri: str) -> str:
+    if "://" not in uri:
+        return str(paths.resolve_local(uri))
+    if uri.startswith("s3://"):
+        return "s3a://" + uri[len("s3://"):]
+    return uri
+
+
+def pack_publish_batches(*, cfg: CorpusConfig, tokenizer_path: str, topic: str, run_id: str, dtype: str,
+                         kafka_config: dict[str, Any], fail: tuple[int, int] | None):
+    """mapInArrow function: the kept documents of one Spark partition → one summary row."""
+    seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
+    nparts, compression = cfg.topic.partitions, cfg.topic.compression
+    eos, pad = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from spark_jobs.publish import TaskSummary, publish_partition
+        from spark_jobs.steps import Packer
+        from spark_jobs.tokenization import encode_batch, load_tokenizer, token_id
+
+        ctx = TaskContext.get()
+        sp, attempt = ctx.partitionId(), ctx.attemptNumber()
+        tok = load_tokenizer(tokenizer_path)
+        packer = Packer(seq_len=seq_len, eos_id=token_id(tok, eos, "eos_token"),
+                        pad_id=token_id(tok, pad, "pad_token"))
+        summary = TaskSummary(spark_partition=sp, attempt=attempt)
+
+        def sequences():
+            for batch in batches:
+                texts = batch.column("text").to_pylist()
+                summary.docs += len(texts)
+                for ids in encode_batch(tok, texts):
+                    yield from packer.add(ids)
+            yield from packer.flush()
+            summary.tokens, summary.padding = packer.tokens, packer.padding
+
+        fail_after = fail[1] if fail and fail[0] == sp and attempt == 0 else None
+        for s in publish_partition(sequences(), config=kafka_config, topic=topic, kafka_partitions=nparts,
+                                   spark_partition=sp, attempt=attempt, run_id=run_id, dtype=dtype,
+                                   compression=compression, tx_timeout_ms=tx_ms, summary=summary,
+                                   fail_after=fail_after):
+            yield pa.RecordBatch.from_pydict({"summary": [s.to_json()]})
+    return run
+
+
+def topic_config(cfg: CorpusConfig) -> dict[str, str]:
+    return {"min.insync.replicas": str(cfg.topic.min_insync_replicas),
+            "retention.ms": str(cfg.topic.retention_ms),
+            "compression.type": "producer"}
+
+
+def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kafka_config: dict[str, Any],
+            fail: tuple[int, int] | None = None) -> Manifest:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from spark_jobs.publish import TaskSummary, tasks_topic
+    from spark_jobs.tokenization import load_tokenizer
+
+    t0 = time.monotonic()
+    run_id = f"{cfg.name}/{ds}"
+    stale = run_dir / "manifest.json"
+    if stale.exists():  # a re-run: no stage may trust the old manifest while this one publishes
+        log.info("replacing the earlier manifest of %s", run_id)
+        stale.unlink()
+    uri = cfg.source.render(ds)
+    tok_path = str(paths.resolve_local(cfg.tokenizer.path))
+    if not Path(tok_path).is_file():
+        raise ConfigError(f"tokenizer.path = {cfg.tokenizer.path!r}: no such file ({tok_path}); "
+                          "run `stoker sample-corpus` or point the corpus at a tokenizer.json")
+    vocab = load_tokenizer(tok_path).get_vocab_size()
+    dtype = records.dtype_for_vocab(vocab)
+    skafka.check_reachable(kafka_config)
+
+    files = [r.asDict() for r in spark.read.format("binaryFile").load(_spark_path(uri))
+             .select("path", "length", "modificationTime").orderBy("path").collect()]
+    if not files:
+        raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored)")
+    parsed = read_parsed(spark, cfg, uri)
+    staged = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.MEMORY_AND_DISK)
+    counts = {r["reason"]: r["count"] for r in staged.groupBy("reason").count().collect()}
+    docs_in = sum(counts.values())
+    dropped = dict(sorted((k, v) for k, v in counts.items() if k is not None))
+    quarantine = run_dir / "quarantine"
+    (staged.filter(F.col("reason").isNotNull())
+     .select("source", "line", "reason", "detail", F.base64("raw").alias("raw_base64"))
+     .coalesce(1).write.mode("overwrite").json(str(quarantine)))
+
+    # The topic name belongs to this attempt: anything under it is left from an earlier run of the
+    # same name (a re-run date, a reset metadata DB) and must not mix with this run's sequences.
+    skafka.recreate_topic(kafka_config, topic, cfg.topic.partitions, cfg.topic.replication_factor,
+                          topic_config(cfg))
+    skafka.recreate_topic(kafka_config, tasks_topic(topic), 1, cfg.topic.replication_factor,
+                          {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
+    kept = (staged.filter(F.col("reason").isNull()).select("digest", "source", "line", "text")
+            .repartition(cfg.publish.spark_partitions, "digest").sortWithinPartitions("source", "line"))
+    fn = pack_publish_batches(cfg=cfg, tokenizer_path=tok_path, topic=topic, run_id=run_id, dtype=dtype,
+                              kafka_config=kafka_config, fail=fail)
+    summaries = [TaskSummary.from_json(r["summary"]) for r in kept.mapInArrow(fn, "summary string").collect()]
+    staged.unpersist()
+
+    per_part = {p: 0 for p in range(cfg.topic.partitions)}
+    for s in summaries:
+        for k, v in s.per_partition.items():
+            per_part[int(k)] += v
+    ends = skafka.end_offsets(kafka_config, topic)
+    starts = skafka.start_offsets(kafka_config, topic)
+    manifest = Manifest(
+        run_id=run_id, corpus=cfg.name, ds=ds, topic=topic,
+        partitions=[PartitionRange(partition=p, start_offset=starts[p], end_offset=ends[p], sequences=per_part[p])
+                    for p in sorted(per_part)],
+        seq_len=cfg.pack.seq_len, dtype=dtype, tokenizer_path=tok_path,
+        tokenizer_sha256=sha256_file(Path(tok_path)), vocab_size=vocab,
+        docs_in=docs_in, docs_kept=counts.get(None, 0), docs_dropped=dropped,
+        tokens=sum(s.tokens for s in summaries), padding_tokens=sum(s.padding for s in summaries),
+        sequences=sum(s.sequences for s in summaries), source_uri=uri,
+        source_files=[{"path": f["path"], "bytes": f["length"], "mtime": f["modificationTime"].isoformat()}
+                      for f in files],
+        spark_app_id=spark.sparkContext.applicationId,
+        quarantine_path=str(quarantine), created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=round(time.monotonic() - t0, 3),
+    )
+    if sum(s.docs for s in summaries) != manifest.docs_kept:
+        raise RuntimeError(f"published {sum(s.docs for s in summaries)} docs but kept {manifest.docs_kept}")
+    write_manifest(run_dir, manifest)  # the commit point
+    _drop_stale_topics(kafka_config, topic)
+    return manifest
+
+
+def _drop_stale_topics(kafka_config: dict[str, Any], topic: str) -> None:
+    """Once the manifest names ``topic``, this run's task log and the topics of its earlier
+    attempts (``<run>.a<N>`` where ``topic`` is ``<run>.a<M>``) are garbage."""
+    from spark_jobs.publish import tasks_topic
+
+    stale = [tasks_topic(topic)]
+    match = re.fullmatch(r"(.+)\.a\d+", topic)
+    if match:
+        attempt = re.compile(re.escape(match.group(1)) + r"\.a\d+(\.tasks)?")
+        stale += [t for t in skafka.list_topics(kafka_config, match.group(1)) if attempt.fullmatch(t) and t != topic]
+    log.info("deleting stale topics: %s", sorted(set(stale)))
+    skafka.delete_topics(kafka_config, sorted(set(stale)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", required=True, help="corpora/<name>.yaml")
+    ap.add_argument("--ds", required=True, help="logical date YYYY-MM-DD (selects {ds} in source.uri)")
+    ap.add_argument("--topic", required=True, help="run-scoped topic, e.g. stoker.sample.20261201.a1")
+    ap.add_argument("--run-dir", required=True, help="where the manifest and quarantine go")
+    ap.add_argument("--source-uri", help="override source.uri for this run")
+    ap.add_argument("--seq-len", type=int, help="override pack.seq_len for this run")
+    ap.add_argument("--spark-partitions", type=int, help="override publish.spark_partitions for this run")
+    ap.add_argument("--fail-first-attempt", metavar="SPARK_PARTITION:AFTER",
+                    help="testing: fail the first attempt of a Spark partition after AFTER sequences")
+    return ap.parse_args(argv)
+
+
+def apply_overrides(cfg: CorpusConfig, args: argparse.Namespace) -> CorpusConfig:
+    """Per-run overrides (the DAG's params form); the config classes re-validate them."""
+    if args.source_uri:
+        cfg.source = dataclasses.replace(cfg.source, uri=args.source_uri)
+    if args.seq_len:
+        cfg.pack = dataclasses.replace(cfg.pack, seq_len=args.seq_len)
+    if args.spark_partitions:
+        cfg.publish = dataclasses.replace(cfg.publish, spark_partitions=args.spark_partitions)
+    return cfg
+
+
+def kafka_config_from_env() -> dict[str, Any]:
+    raw = os.environ.get("STOKER_KAFKA_CONFIG")
+    if not raw:
+        raise ConfigError("STOKER_KAFKA_CONFIG is not set: it must hold the Kafka client config as JSON, "
+                          'e.g. {"bootstrap.servers": "127.0.0.1:39092"}')
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"STOKER_KAFKA_CONFIG is not JSON: {e}") from None
+    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
+        raise ConfigError("STOKER_KAFKA_CONFIG must be a JSON object with 'bootstrap.servers'")
+    return conf
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyspark.sql import SparkSession
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    cfg = apply_overrides(load_corpus(args.corpus), args)
+    fail = tuple(int(x) for x in args.fail_first_attempt.split(":")) if args.fail_first_attempt else None
+    spark = (SparkSession.builder.appName(f"stoker-tokenize-publish-{cfg.name}-{args.ds}")
+             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2048")
+             .getOrCreate())
+    try:
+        m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
+                    kafka_config=kafka_config_from_env(), fail=fail)  # type: ignore[arg-type]
+    finally:
+        spark.stop()
+    log.info("published %d sequences (%d tokens) of %d/%d docs to %s", m.sequences, m.tokens,
+             m.docs_kept, m.docs_in, m.topic)
+    print(json.dumps({"manifest": str(Path(args.run_dir) / "manifest.json"), "sequences": m.sequences}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

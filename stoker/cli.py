@@ -1,0 +1,110 @@
+"""The ``stoker`` command line.
+
+  stoker kafka up|down|status        the embedded single-node KRaft broker
+  stoker sample-corpus               make the sample corpus and train its tokenizer (offline)
+  stoker refresh <corpus> [--ds D]   run refresh_<corpus> once through Airflow (dags test), then summarise
+  stoker runs show [RUN] [--latest] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from stoker import paths, runs, stack
+from stoker.exceptions import StokerError
+
+
+def _kafka(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        b = stack.up()
+        print(f"kafka up on {b.bootstrap} (data in {b.home})")
+    elif args.action == "down":
+        print("kafka stopped" if stack.down() else "kafka was not running")
+    else:
+        print(stack.status_json())
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from stoker import sample
+
+    out = Path(args.out) if args.out else paths.state_dir() / "data" / "sample"
+    tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else paths.state_dir() / "tokenizers" / "sample-bpe-8192"
+    if not args.force and (out / "_SUCCESS").exists() and (tok_dir / "tokenizer.json").exists():
+        print(f"sample corpus already in {out}, tokenizer in {tok_dir} (--force to remake)")
+        return 0
+    info = sample.write_corpus(out)
+    print(f"corpus: {info['lines']} lines ({info['bad_lines']} deliberately bad), {info['bytes']} bytes in {out}")
+    tok = sample.train_tokenizer(out, tok_dir, vocab_size=args.vocab_size)
+    print(f"tokenizer: vocab {tok['vocab_size']}, sha256 {tok['sha256']} in {tok_dir}")
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    run_dir = runs.find_run(None if args.latest else args.run)
+    s = runs.summary(run_dir)
+    print(json.dumps(s, indent=2) if args.json else runs.render(s))
+    return 0
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    from stoker.airflow_env import airflow_env
+
+    ds = args.ds or datetime.now(UTC).date().isoformat()
+    stack.up()
+    env = {**os.environ, **airflow_env()}
+    airflow = [sys.executable, "-m", "airflow"]
+    subprocess.run([*airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    res = subprocess.run([*airflow, "dags", "test", f"refresh_{args.corpus}", ds], env=env)
+    if res.returncode != 0:
+        print(f"refresh_{args.corpus} {ds} failed (exit {res.returncode}); logs above", file=sys.stderr)
+        return res.returncode
+    print()
+    print(runs.render(runs.summary(paths.run_dir(args.corpus, ds))))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="stoker", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("kafka", help="the embedded Kafka broker")
+    k.add_argument("action", choices=["up", "down", "status"])
+    k.set_defaults(fn=_kafka)
+    s = sub.add_parser("sample-corpus", help="make the sample corpus and its tokenizer")
+    s.add_argument("--out")
+    s.add_argument("--tokenizer-dir")
+    s.add_argument("--vocab-size", type=int, default=8192)
+    s.add_argument("--force", action="store_true")
+    s.set_defaults(fn=_sample)
+    r = sub.add_parser("refresh", help="run one refresh of a corpus through Airflow")
+    r.add_argument("corpus")
+    r.add_argument("--ds", help="logical date YYYY-MM-DD (default: today, UTC)")
+    r.set_defaults(fn=_refresh)
+    runs_p = sub.add_parser("runs", help="run summaries")
+    runs_sub = runs_p.add_subparsers(dest="runs_cmd", required=True)
+    show = runs_sub.add_parser("show", help="print a run's summary")
+    show.add_argument("run", nargs="?", help="<corpus>/<YYYY-MM-DD> or a run folder (default: latest)")
+    show.add_argument("--latest", action="store_true")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(fn=_runs)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except StokerError as e:
+        print(f"stoker: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,309 @@
+"""Validated models of ``corpora/<name>.yaml``.
+
+Every field has a docstring under it and every check lives in ``__post_init__``; a bad value
+raises :class:`ConfigError` naming the field, the value, the limit and where to fix it, so a
+broken corpus fails when the DAG file is parsed, not at 2 a.m. in the middle of a refresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stoker.exceptions import ConfigError
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_SCHEMES = ("file", "s3", "s3a", "hdfs")
+_SUPPORTED_SCHEMES = ("file",)
+_FORMATS = ("jsonl", "text")
+_NORMALIZATIONS = ("NFC", "NFKC", "none")
+_COMPRESSIONS = ("zstd", "lz4")
+
+
+def _fail(where: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{where} = {value!r}: {why}")
+
+
+@dataclass(kw_only=True, slots=True)
+class SourceConfig:
+    uri: str
+    """Where the raw text is: a local path (relative to the project root) or file://, s3://, hdfs://.
+    ``{ds}`` and ``{ds_nodash}`` are replaced by the run's logical date, selecting the night's drop."""
+    format: str = "jsonl"
+    """``jsonl`` (one JSON object per line) or ``text`` (one document per line)."""
+    text_field: str = "text"
+    """The JSON field that holds the document's text (jsonl only)."""
+    success_marker: str | None = "_SUCCESS"
+    """File whose presence marks the drop complete; null means 'any data file present'."""
+    poke_interval_s: int = 30
+    """How often await_source checks the source."""
+    timeout_s: int = 6 * 3600
+    """How long await_source waits for the drop before failing."""
+
+    def __post_init__(self) -> None:
+        w = "source"
+        scheme = self.uri.split("://", 1)[0] if "://" in self.uri else "file"
+        if not self.uri.strip():
+            raise _fail(f"{w}.uri", self.uri, "must not be empty: set the corpus location")
+        if scheme not in _SCHEMES:
+            raise _fail(f"{w}.uri", self.uri, f"scheme {scheme!r} is not one of {_SCHEMES}")
+        if scheme not in _SUPPORTED_SCHEMES:
+            raise _fail(f"{w}.uri", self.uri, f"{scheme}:// sources are not supported yet (issue: S3 and HDFS "
+                        f"ingestion); use a local folder or file://")
+        if self.format not in _FORMATS:
+            raise _fail(f"{w}.format", self.format, f"must be one of {_FORMATS}")
+        if self.poke_interval_s < 1 or self.timeout_s < self.poke_interval_s:
+            raise _fail(f"{w}.timeout_s", self.timeout_s, "must be >= poke_interval_s >= 1")
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0] if "://" in self.uri else "file"
+
+    def render(self, ds: str) -> str:
+        """The URI of one night's drop (``ds`` is YYYY-MM-DD); ``{state}``/``{project}`` expanded."""
+        from stoker.paths import expand
+
+        return expand(self.uri.replace("{ds}", ds).replace("{ds_nodash}", ds.replace("-", "")))
+
+
+@dataclass(kw_only=True, slots=True)
+class CleanConfig:
+    normalization: str = "NFC"
+    """Unicode normalisation applied before dedup and tokenisation: NFC, NFKC or none."""
+    min_chars: int = 1
+    """Documents shorter than this (after normalisation and strip) are dropped as ``too_short``."""
+    max_chars: int = 1_000_000
+    """Documents longer than this are dropped as ``too_long`` (a guard against runaway lines)."""
+    dedup: bool = True
+    """Exact dedup on the normalised text; the first occurrence (by source file, line) is kept."""
+
+    def __post_init__(self) -> None:
+        if self.normalization not in _NORMALIZATIONS:
+            raise _fail("clean.normalization", self.normalization, f"must be one of {_NORMALIZATIONS}")
+        if self.min_chars < 1:
+            raise _fail("clean.min_chars", self.min_chars, "must be >= 1")
+        if self.max_chars < self.min_chars:
+            raise _fail("clean.max_chars", self.max_chars, f"must be >= clean.min_chars ({self.min_chars})")
+
+
+@dataclass(kw_only=True, slots=True)
+class TokenizerConfig:
+    path: str
+    """A ``tokenizers`` JSON file (relative to the project root, or absolute). Loaded locally, never
+    downloaded; its sha256 is recorded in every manifest."""
+    eos_token: str = "<|endoftext|>"
+    """Appended after every document when packing."""
+    pad_token: str = "<|pad|>"
+    """Fills the tail of the last sequence of a Spark partition (masked out of the loss)."""
+
+    def __post_init__(self) -> None:
+        if not self.path.endswith(".json"):
+            raise _fail("tokenizer.path", self.path, "must name a tokenizers .json file")
+
+
+@dataclass(kw_only=True, slots=True)
+class PackConfig:
+    seq_len: int = 2048
+    """Tokens per training sequence; each record holds seq_len + 1 ids (inputs and shifted labels)."""
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.seq_len <= 1_048_576:
+            raise _fail("pack.seq_len", self.seq_len, "must be in [2, 1048576]")
+
+
+@dataclass(kw_only=True, slots=True)
+class TopicConfig:
+    partitions: int = 4
+    """Partitions of the run's topic: a multiple of the training world size."""
+    replication_factor: int = 1
+    """Copies of each partition; 3 on a production cluster."""
+    min_insync_replicas: int = 1
+    """Replicas that must acknowledge a write (acks=all); 2 with replication 3."""
+    compression: str = "zstd"
+    """Producer compression: zstd or lz4."""
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    """How long the broker keeps the run's sequences (training must finish before)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.partitions <= 10_000:
+            raise _fail("topic.partitions", self.partitions, "must be in [1, 10000]")
+        if self.replication_factor < 1:
+            raise _fail("topic.replication_factor", self.replication_factor, "must be >= 1")
+        if not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise _fail(
+                "topic.min_insync_replicas",
+                self.min_insync_replicas,
+                f"must be in [1, replication_factor={self.replication_factor}]",
+            )
+        if self.compression not in _COMPRESSIONS:
+            raise _fail("topic.compression", self.compression, f"must be one of {_COMPRESSIONS}")
+
+
+@dataclass(kw_only=True, slots=True)
+class PublishConfig:
+    spark_partitions: int = 4
+    """Spark tasks that pack and publish; each is one Kafka transaction, fenced on retry."""
+    transaction_timeout_ms: int = 900_000
+    """Kafka transaction timeout per Spark task (must not exceed the broker's transaction.max.timeout.ms)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.spark_partitions <= 100_000:
+            raise _fail("publish.spark_partitions", self.spark_partitions, "must be in [1, 100000]")
+        if not 1_000 <= self.transaction_timeout_ms <= 900_000:
+            raise _fail("publish.transaction_timeout_ms", self.transaction_timeout_ms, "must be in [1000, 900000]")
+
+
+@dataclass(kw_only=True, slots=True)
+class ScheduleConfig:
+    cron: str | None = "0 2 * * *"
+    """Cron of the nightly refresh; null for manual/backfill only."""
+    start_date: date = date(2026, 1, 1)
+    """First logical date the scheduler considers."""
+    catchup: bool = False
+    """Whether the scheduler runs every missed night by itself (backfill from the CLI otherwise)."""
+    retries: int = 2
+    """Retries of each task."""
+    retry_delay_s: int = 60
+    """First retry delay; doubles with each retry (exponential back-off)."""
+    max_active_runs: int = 1
+    """Refreshes of this corpus allowed at once."""
+
+    def __post_init__(self) -> None:
+        if self.cron is not None and len(self.cron.split()) != 5:
+            raise _fail("schedule.cron", self.cron, "must have 5 fields (min hour dom month dow) or be null")
+        if not 0 <= self.retries <= 10:
+            raise _fail("schedule.retries", self.retries, "must be in [0, 10]")
+        if self.retry_delay_s < 1:
+            raise _fail("schedule.retry_delay_s", self.retry_delay_s, "must be >= 1")
+        if self.max_active_runs < 1:
+            raise _fail("schedule.max_active_runs", self.max_active_runs, "must be >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    recipe: str = "debug_cpu"
+    """Named training recipe in training/recipes.py."""
+    world_size: int = 1
+    """Training ranks; topic.partitions must be a multiple of it."""
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise _fail("train.world_size", self.world_size, "must be >= 1")
+
+
+@dataclass(kw_only=True, slots=True)
+class CorpusConfig:
+    name: str
+    """Corpus name: the DAG is ``refresh_<name>``, topics are ``stoker.<name>.<date>.a<try>``."""
+    source: SourceConfig
+    tokenizer: TokenizerConfig
+    description: str = ""
+    """Shown as the DAG's documentation."""
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    pack: PackConfig = field(default_factory=PackConfig)
+    topic: TopicConfig = field(default_factory=TopicConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise _fail("name", self.name, "must match [a-z][a-z0-9_]{0,63}")
+        if self.topic.partitions % self.train.world_size:
+            raise _fail(
+                "topic.partitions",
+                self.topic.partitions,
+                f"must be a multiple of train.world_size ({self.train.world_size}) so every rank "
+                "reads the same number of partitions",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, date):
+        return obj.isoformat()
+    return obj
+
+
+def _check_type(where: str, value: Any, tp: Any) -> Any:
+    """Coerce/verify one scalar against its annotation; bool is never accepted as int."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_type(where, value, inner)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if tp is date:
+        if isinstance(value, date):
+            return value
+        try:
+            return date.fromisoformat(str(value))
+        except ValueError:
+            raise _fail(where, value, "must be a date YYYY-MM-DD") from None
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise _fail(where, value, f"must be of type {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _build(cls: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise _fail(where or cls.__name__, data, "must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"{where or 'corpus'}: unknown key(s) {unknown}; allowed: {sorted(names)} (check for typos)"
+        )
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{where}.{f.name}" if where else f.name
+        if f.name in data:
+            kwargs[f.name] = _check_type(key, data[f.name], hints[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{key} is required but missing: add it to the corpus YAML")
+    return cls(**kwargs)
+
+
+def parse_corpus(data: Any, origin: str = "<dict>") -> CorpusConfig:
+    """Validate a mapping into a :class:`CorpusConfig`; errors name ``origin`` (the YAML file)."""
+    try:
+        return _build(CorpusConfig, data, "")
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+
+
+def load_corpus(path: str | Path) -> CorpusConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read corpus config: {e}") from None
+    cfg = parse_corpus(data, str(path))
+    if cfg.name != path.stem:
+        raise ConfigError(f"{path}: name = {cfg.name!r} must equal the file name {path.stem!r}")
+    return cfg
+
+
+def load_all(folder: str | Path) -> list[CorpusConfig]:
+    """Every ``*.yaml`` in ``folder``, sorted by name."""
+    return [load_corpus(p) for p in sorted(Path(folder).glob("*.yaml"))]

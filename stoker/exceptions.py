@@ -1,0 +1,25 @@
+"""Named errors. Each message says what was wrong, the value, the limit and what to change."""
+
+
+class StokerError(Exception):
+    """Base of every error Stoker raises on purpose."""
+
+
+class ConfigError(StokerError, ValueError):
+    """A corpus config (corpora/<name>.yaml) or an argument is invalid."""
+
+
+class RecordError(StokerError, ValueError):
+    """A Kafka message does not decode as a Stoker packed sequence."""
+
+
+class ManifestError(StokerError):
+    """A run manifest is missing, unreadable or inconsistent."""
+
+
+class StackError(StokerError):
+    """The embedded stack (Kafka broker, Airflow home) cannot be set up or reached."""
+
+
+class KafkaTimeout(StokerError, TimeoutError):
+    """A Kafka condition (published offsets, consumer lag) was not met in time."""

@@ -1,0 +1,321 @@
+"""Kafka admin helpers and the lag arithmetic the sensors and the trainer share.
+
+A *client config* is a plain librdkafka dict (``{"bootstrap.servers": ..., "security.protocol": ...}``):
+Airflow's ``kafka_default`` connection holds exactly that in its extra, so any cluster (SASL/SSL
+included) is chosen by connection, not by code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stoker.exceptions import KafkaTimeout, StokerError
+
+TIMEOUT_S = 15.0
+
+
+def admin(config: Mapping[str, Any]):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(dict(config))
+
+
+def _wait(futures: Mapping[Any, Any], what: str, timeout: float = TIMEOUT_S) -> dict[Any, Any]:
+    out = {}
+    for key, fut in futures.items():
+        try:
+            out[key] = fut.result(timeout=timeout)
+        except Exception as e:  # confluent_kafka raises KafkaException with a KafkaError inside
+            raise StokerError(f"{what} {key!r} failed: {e}") from e
+    return out
+
+
+def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> int:
+    """Number of brokers; raises a clear error when none answers within ``timeout`` seconds."""
+    from confluent_kafka import KafkaException
+
+    try:
+        md = admin(config).list_topics(timeout=timeout)
+    except KafkaException as e:
+        raise StokerError(
+            f"Kafka at {config.get('bootstrap.servers')!r} did not answer within {timeout:.0f}s ({e}): "
+            "start it with `stoker kafka up` or fix the kafka_default connection"
+        ) from None
+    return len(md.brokers)
+
+
+def topic_partitions(config: Mapping[str, Any], topic: str) -> int | None:
+    """Partition count of ``topic``, or None when it does not exist."""
+    md = admin(config).list_topics(topic=topic, timeout=TIMEOUT_S)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        return None
+    return len(t.partitions)
+
+
+def list_topics(config: Mapping[str, Any], prefix: str = "") -> list[str]:
+    md = admin(config).list_topics(timeout=TIMEOUT_S)
+    return sorted(t for t in md.topics if t.startswith(prefix))
+
+
+def create_topic(
+    config: Mapping[str, Any],
+    name: str,
+    partitions: int,
+    replication_factor: int = 1,
+    topic_config: Mapping[str, str] | None = None,
+) -> bool:
+    """Create ``name``; True if created, False if it already existed with the same partition count."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    new = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor,
+                   config=dict(topic_config or {}))
+    client = admin(config)  # must outlive the future: a destroyed handle fails it
+    fut = client.create_topics([new], operation_timeout=TIMEOUT_S)[name]
+    try:
+        fut.result(timeout=TIMEOUT_S * 2)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise StokerError(f"creating topic {name!r} ({partitions} partitions, RF {replication_factor}) failed: {e}") from e
+        have = topic_partitions(config, name)
+        if have != partitions:
+            raise StokerError(f"topic {name!r} exists with {have} partitions, expected {partitions}: delete it first") from e
+        return False
+    _await_topic(config, name, partitions)
+    return True
+
+
+def recreate_topic(
+    config: Mapping[str, Any],
+    name: str,
+    partitions: int,
+    replication_factor: int = 1,
+    topic_config: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> None:
+    """Make ``name`` exist and be empty: delete what an earlier run left under that name, wait until
+    the broker has forgotten it (deletion is asynchronous), then create it afresh."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    delete_topics(config, [name])
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            create_topic(config, name, partitions, replication_factor, topic_config)
+            if all(v == 0 for v in end_offsets(config, name, committed_only=False).values()):
+                return
+            delete_topics(config, [name])  # an old copy answered: try again
+        except StokerError as e:
+            cause = e.__cause__
+            retriable = isinstance(cause, KafkaException) and cause.args[0].code() in (
+                KafkaError.TOPIC_ALREADY_EXISTS, KafkaError.UNKNOWN_TOPIC_OR_PART)
+            if not retriable and "exists with" not in str(e):
+                raise
+        if time.monotonic() > deadline:
+            raise KafkaTimeout(f"topic {name!r} could not be recreated empty within {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+def _await_topic(config: Mapping[str, Any], name: str, partitions: int, timeout: float = 30.0) -> None:
+    """Metadata propagates asynchronously: wait until every partition has a leader."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = admin(config).list_topics(topic=name, timeout=TIMEOUT_S)
+        t = md.topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) == partitions and all(
+            p.leader >= 0 for p in t.partitions.values()
+        ):
+            return
+        time.sleep(0.2)
+    raise KafkaTimeout(f"topic {name!r} has no leader for every partition after {timeout:.0f}s")
+
+
+def delete_topics(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
+    """Delete topics that exist; returns those deleted."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    names = [n for n in names]
+    if not names:
+        return []
+    client = admin(config)
+    futures = client.delete_topics(names, operation_timeout=TIMEOUT_S)
+    deleted = []
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=TIMEOUT_S * 2)
+            deleted.append(name)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise StokerError(f"deleting topic {name!r} failed: {e}") from e
+    deadline = time.monotonic() + 30.0
+    while any(t in deleted for t in list_topics(config)):  # deletion is asynchronous: wait it out
+        if time.monotonic() > deadline:
+            raise KafkaTimeout(f"topics {deleted} still listed 30s after deletion")
+        time.sleep(0.2)
+    return deleted
+
+
+def end_offsets(config: Mapping[str, Any], topic: str, committed_only: bool = True) -> dict[int, int]:
+    """Per-partition end offsets; with ``committed_only`` the last stable offset (what a
+    read_committed consumer can reach), else the high watermark."""
+    return _list_offsets(config, topic, "latest", committed_only)
+
+
+def start_offsets(config: Mapping[str, Any], topic: str) -> dict[int, int]:
+    """Per-partition earliest offsets (the log start)."""
+    return _list_offsets(config, topic, "earliest", False)
+
+
+def _list_offsets(config: Mapping[str, Any], topic: str, spec: str, committed_only: bool) -> dict[int, int]:
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    n = topic_partitions(config, topic)
+    if n is None:
+        raise StokerError(f"topic {topic!r} does not exist")
+    level = IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
+    which = OffsetSpec.latest() if spec == "latest" else OffsetSpec.earliest()
+    req = {TopicPartition(topic, p): which for p in range(n)}
+    client = admin(config)
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:  # leadership moves (a new topic, a broker restart) answer with retriable errors
+        try:
+            res = _wait(client.list_offsets(req, isolation_level=level, request_timeout=TIMEOUT_S), "list_offsets")
+            return {tp.partition: info.offset for tp, info in res.items()}
+        except StokerError as e:
+            if not _retriable(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def _retriable(e: StokerError) -> bool:
+    from confluent_kafka import KafkaError, KafkaException
+
+    cause = e.__cause__
+    if not isinstance(cause, KafkaException):
+        return False
+    err = cause.args[0]
+    return bool(err.retriable()) or err.code() in (
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def committed_offsets(config: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+    """The group's committed offset per partition (None where nothing is committed)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
+    client = admin(config)
+    res = _wait(client.list_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "list_consumer_group_offsets")
+    out: dict[int, int | None] = {}
+    for tp in res[group].topic_partitions:
+        out[tp.partition] = tp.offset if tp.offset >= 0 else None
+    return out
+
+
+def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: Mapping[int, int]) -> None:
+    """Commit ``offsets`` (next offset to read, per partition) for ``group`` without joining it."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+    req = [ConsumerGroupTopicPartitions(group, tps)]
+    client = admin(config)
+    _wait(client.alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "alter_consumer_group_offsets")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    partition: int
+    end: int
+    committed: int | None
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class LagReport:
+    partitions: tuple[PartitionLag, ...]
+    tokens_per_message: int
+    total_messages: int
+    """Offsets the run spans (end - start summed): the denominator of % consumed."""
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def lag_tokens(self) -> int:
+        return self.lag * self.tokens_per_message
+
+    @property
+    def consumed_fraction(self) -> float:
+        return 1.0 if self.total_messages == 0 else 1.0 - self.lag / self.total_messages
+
+    def describe(self) -> str:
+        parts = ", ".join(f"p{p.partition}={p.lag}" for p in self.partitions)
+        return (
+            f"lag {self.lag} messages ({self.lag_tokens} tokens), "
+            f"{100 * self.consumed_fraction:.1f}% consumed [{parts}]"
+        )
+
+
+def compute_lag(
+    end: Mapping[int, int],
+    committed: Mapping[int, int | None],
+    start: Mapping[int, int] | None = None,
+    tokens_per_message: int = 0,
+) -> LagReport:
+    """Lag per partition = end - committed (or end - start when the group committed nothing).
+
+    Offsets count Kafka's transaction markers too, so lag in offsets is an upper bound of lag in
+    messages that reaches 0 exactly when the group has committed the end offset. A committed
+    offset past the end (a topic recreated under the group) is an error, not a negative lag.
+    """
+    start = start or {}
+    rows = []
+    for p in sorted(end):
+        e, s, c = end[p], start.get(p, 0), committed.get(p)
+        pos = s if c is None else c
+        if pos > e:
+            raise StokerError(f"partition {p}: committed offset {pos} is past the end offset {e} (topic recreated?)")
+        rows.append(PartitionLag(partition=p, end=e, committed=c, lag=e - max(pos, s)))
+    total = sum(end[p] - start.get(p, 0) for p in end)
+    return LagReport(partitions=tuple(rows), tokens_per_message=tokens_per_message, total_messages=total)
+
+
+def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True, timeout: float = 60.0) -> list[Any]:
+    """Every message of ``topic`` up to its current end offsets (for checks and tools, not the
+    training hot path). With ``committed_only`` a read_committed consumer: aborted records and
+    transaction markers are skipped."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    ends = end_offsets(config, topic, committed_only=committed_only)
+    conf = dict(config)
+    conf.update({"group.id": "stoker-read-all", "enable.auto.commit": False, "enable.partition.eof": True,
+                 "isolation.level": "read_committed" if committed_only else "read_uncommitted"})
+    consumer = Consumer(conf)
+    out: list[Any] = []
+    try:
+        pending = {p for p, e in ends.items() if e > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaTimeout(f"reading {topic}: partitions {sorted(pending)} not at their end after {timeout}s")
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= ends[msg.partition()]:
+                        pending.discard(msg.partition())
+                    continue
+                raise StokerError(f"reading {topic}: {msg.error()}")
+            out.append(msg)
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+    finally:
+        consumer.close()
+    return out

@@ -1,0 +1,55 @@
+"""Where Stoker keeps things.
+
+* Run state (broker data, Airflow home, runs, checkpoints) lives in one git-ignored folder
+  inside the checkout: ``$STOKER_HOME``, by default ``<repo>/.stoker``.
+* Heavy downloads that do not depend on the checkout (Kafka's jars) are cached per user in
+  ``$STOKER_CACHE``, by default ``~/.cache/stoker``, so a fresh clone reuses them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def project_root() -> Path:
+    """The checkout (corpora/, dags/, spark_jobs/ live here); ``$STOKER_PROJECT`` overrides."""
+    return Path(os.environ.get("STOKER_PROJECT", REPO_ROOT)).resolve()
+
+
+def state_dir() -> Path:
+    """The git-ignored run-state folder."""
+    return Path(os.environ.get("STOKER_HOME", project_root() / ".stoker")).resolve()
+
+
+def cache_dir() -> Path:
+    """Per-user cache of checkout-independent downloads."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stoker"
+    return Path(os.environ.get("STOKER_CACHE", default)).resolve()
+
+
+def runs_dir() -> Path:
+    return state_dir() / "runs"
+
+
+def run_dir(corpus: str, ds: str) -> Path:
+    """One folder per corpus refresh: manifest, quarantine, stage timings."""
+    return runs_dir() / corpus / ds
+
+
+def corpora_dir() -> Path:
+    return Path(os.environ.get("STOKER_CORPORA", project_root() / "corpora")).resolve()
+
+
+def expand(path: str) -> str:
+    """Replace ``{state}`` (the state folder) and ``{project}`` (the checkout) in a configured path."""
+    return path.replace("{state}", str(state_dir())).replace("{project}", str(project_root()))
+
+
+def resolve_local(path: str | Path) -> Path:
+    """A relative local path is relative to the project root, never to the CWD; ``file://`` and
+    ``{state}``/``{project}`` are understood."""
+    p = Path(expand(str(path)).removeprefix("file://")).expanduser()
+    return p if p.is_absolute() else (project_root() / p)

@@ -1,0 +1,99 @@
+"""Run summaries: what a refresh did, from its manifest and its stage timings."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from stoker import paths
+from stoker.exceptions import ManifestError
+from stoker.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
+
+TIMINGS_NAME = "timings.json"
+
+
+def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None) -> None:
+    """Note a stage's first start or last end (retries and deferrals keep the first start)."""
+    path = Path(run_dir) / TIMINGS_NAME
+    data = _read_json(path)
+    row = data.setdefault(stage, {})
+    now = time.time() if now is None else now
+    if event == "start":
+        row.setdefault("start", now)
+    else:
+        row["end"] = now
+    atomic_write_json(path, data)
+
+
+def stage_seconds(run_dir: Path) -> dict[str, float]:
+    data = _read_json(Path(run_dir) / TIMINGS_NAME)
+    return {k: round(v["end"] - v["start"], 1) for k, v in data.items() if "start" in v and "end" in v}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def all_runs() -> list[Path]:
+    """Run folders with a manifest, oldest manifest first."""
+    found = paths.runs_dir().glob(f"*/*/{MANIFEST_NAME}")
+    return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+
+
+def find_run(ref: str | None) -> Path:
+    """``ref`` is a run folder, ``<corpus>/<ds>``, or None for the latest run."""
+    if ref is None:
+        runs = all_runs()
+        if not runs:
+            raise ManifestError(f"no runs under {paths.runs_dir()}: run `make run` first")
+        return runs[-1]
+    p = Path(ref)
+    if p.is_dir():
+        return p
+    candidate = paths.runs_dir() / ref
+    if candidate.is_dir():
+        return candidate
+    raise ManifestError(f"run {ref!r} not found (looked in {candidate}): use <corpus>/<YYYY-MM-DD>")
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    m = read_manifest(run_dir)
+    return {
+        "run_id": m.run_id, "run_dir": str(run_dir), "topic": m.topic,
+        "docs_in": m.docs_in, "docs_kept": m.docs_kept, "docs_dropped": m.docs_dropped,
+        "tokens": m.tokens, "padding_tokens": m.padding_tokens, "sequences": m.sequences,
+        "seq_len": m.seq_len, "dtype": m.dtype,
+        "partitions": [{"partition": p.partition, "sequences": p.sequences,
+                        "offsets": [p.start_offset, p.end_offset]} for p in m.partitions],
+        "tokenizer_sha256": m.tokenizer_sha256, "source_uri": m.source_uri,
+        "source_files": len(m.source_files), "source_bytes": sum(f.get("bytes", 0) for f in m.source_files),
+        "quarantine": m.quarantine_path, "spark_app_id": m.spark_app_id,
+        "stage_seconds": stage_seconds(run_dir),
+    }
+
+
+def render(s: dict[str, Any]) -> str:
+    dropped = s["docs_dropped"]
+    lines = [
+        f"run {s['run_id']}  ({s['run_dir']})",
+        f"  topic            {s['topic']}",
+        f"  source           {s['source_uri']}  ({s['source_files']} files, {s['source_bytes']} bytes)",
+        f"  docs in          {s['docs_in']}",
+        f"  docs kept        {s['docs_kept']}",
+        f"  docs dropped     {sum(dropped.values())}"
+        + "".join(f"\n    {k:<15}{v}" for k, v in dropped.items()),
+        f"  tokens           {s['tokens']}  (+{s['padding_tokens']} padding)",
+        f"  sequences        {s['sequences']}  (seq_len {s['seq_len']} + 1, {s['dtype']})",
+        "  partitions       " + "  ".join(
+            f"p{p['partition']}: {p['sequences']} seq @ [{p['offsets'][0]}, {p['offsets'][1]})"
+            for p in s["partitions"]),
+        f"  tokenizer sha256 {s['tokenizer_sha256']}",
+        f"  quarantine       {s['quarantine']}",
+        "  seconds          " + ("  ".join(f"{k} {v}" for k, v in s["stage_seconds"].items()) or "-"),
+    ]
+    return "\n".join(lines)

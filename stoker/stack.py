@@ -1,0 +1,208 @@
+"""The embedded stack: a single-node Apache Kafka broker (KRaft, combined controller+broker).
+
+The broker is Apache Kafka itself, from the jars ``make setup`` resolved from Maven Central
+(stoker/broker/pom.xml) into the per-user cache. Its data, config, log and pid file live under
+``<state>/kafka``. ``up`` is idempotent and waits until the broker answers; ``down`` stops exactly
+the process ``up`` started (checked by pid *and* command line), whole process group included.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from stoker import paths
+from stoker.exceptions import StackError
+
+KAFKA_VERSION = "4.1.1"
+DEFAULT_PORT = 39092
+
+
+def kafka_libs() -> Path:
+    return paths.cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    home: Path
+    port: int = DEFAULT_PORT
+
+    @property
+    def controller_port(self) -> int:
+        return self.port + 1
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "broker.pid"
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / "server.properties"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    def client_config(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.bootstrap}
+
+
+def default_broker() -> Broker:
+    return Broker(home=paths.state_dir() / "kafka", port=int(os.environ.get("STOKER_KAFKA_PORT", DEFAULT_PORT)))
+
+
+def _server_properties(b: Broker) -> str:
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{b.controller_port}",
+        f"listeners=PLAINTEXT://127.0.0.1:{b.port},CONTROLLER://127.0.0.1:{b.controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{b.port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name=PLAINTEXT",
+        f"log.dirs={b.home / 'data'}",
+        # one node: internal topics cannot be replicated
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=4",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=4",
+        "transaction.max.timeout.ms=900000",
+        "group.initial.rebalance.delay.ms=0",
+        "num.partitions=1",
+        "auto.create.topics.enable=false",
+        "delete.topic.enable=true",
+        "",
+    ])
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("java not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jre-headless)")
+    return java
+
+
+def _classpath() -> str:
+    libs = kafka_libs()
+    if not (libs.parent / ".complete").exists():
+        raise StackError(f"Kafka {KAFKA_VERSION} jars are missing in {libs}: run `make setup`")
+    return f"{libs}/*"
+
+
+def _alive(pid: int, b: Broker) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"kafka.Kafka" in cmdline and str(b.config_file).encode() in cmdline
+
+
+def _read_pid(b: Broker) -> int | None:
+    try:
+        pid = int(b.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid, b) else None
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _format_storage(b: Broker) -> None:
+    if (b.home / "data" / "meta.properties").exists():
+        return
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cmd = [_java(), "-cp", _classpath(), f"-Dlog4j2.configurationFile={_log4j_config()}",
+           f"-Dkafka.logs.dir={b.log_dir}", "kafka.tools.StorageTool", "format",
+           "-t", cluster_id, "-c", str(b.config_file)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise StackError(f"formatting Kafka storage in {b.home / 'data'} failed: {res.stdout}{res.stderr}")
+
+
+def _log4j_config() -> Path:
+    return Path(__file__).parent / "broker" / "log4j2.properties"
+
+
+def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
+    """Start the broker unless it runs; return when it answers Kafka requests."""
+    from stoker.kafka import check_reachable
+
+    b = b or default_broker()
+    if _read_pid(b) is not None:
+        check_reachable(b.client_config(), timeout=timeout)
+        return b
+    if _port_open(b.port):
+        raise StackError(
+            f"port {b.port} is in use by a process this stack did not start: stop it or set STOKER_KAFKA_PORT"
+        )
+    b.home.mkdir(parents=True, exist_ok=True)
+    b.log_dir.mkdir(exist_ok=True)
+    b.config_file.write_text(_server_properties(b))
+    _format_storage(b)
+    heap = os.environ.get("STOKER_KAFKA_HEAP", "-Xmx512m")
+    cmd = [_java(), *heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+           f"-Dlog4j2.configurationFile={_log4j_config()}", f"-Dkafka.logs.dir={b.log_dir}",
+           "-cp", _classpath(), "kafka.Kafka", str(b.config_file)]
+    with open(b.log_dir / "stdout.log", "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=b.home)
+    b.pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"Kafka exited with {proc.returncode} at start: see {b.log_dir}/server.log and stdout.log")
+        if _port_open(b.port):
+            check_reachable(b.client_config(), timeout=max(1.0, deadline - time.monotonic()))
+            return b
+        time.sleep(0.3)
+    down(b)
+    raise StackError(f"Kafka did not answer on {b.bootstrap} within {timeout:.0f}s: see {b.log_dir}/server.log")
+
+
+def down(b: Broker | None = None, timeout: float = 30.0) -> bool:
+    """Stop the broker this stack started (TERM, then KILL); False if none was running."""
+    b = b or default_broker()
+    pid = _read_pid(b)
+    if pid is None:
+        b.pid_file.unlink(missing_ok=True)
+        return False
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid, b):
+        time.sleep(0.2)
+    if _alive(pid, b):
+        os.killpg(pid, signal.SIGKILL)
+        while _alive(pid, b):
+            time.sleep(0.1)
+    b.pid_file.unlink(missing_ok=True)
+    return True
+
+
+def status(b: Broker | None = None) -> dict[str, object]:
+    b = b or default_broker()
+    pid = _read_pid(b)
+    return {"running": pid is not None, "pid": pid, "bootstrap": b.bootstrap, "home": str(b.home),
+            "kafka_version": KAFKA_VERSION}
+
+
+def status_json(b: Broker | None = None) -> str:
+    return json.dumps(status(b), indent=2)

@@ -1,0 +1,87 @@
+"""Shared fixtures. The suite starts what it needs itself:
+
+* a real Apache Kafka broker (KRaft, from the jars `make setup` resolved), unless
+  ``STOKER_KAFKA_BOOTSTRAP`` names a cluster to use instead;
+* Spark in local mode (``local[2,4]``: two cores, up to four attempts per task);
+* an Airflow home with its own SQLite metadata DB.
+
+All test state lives in ``.stoker/test`` (git-ignored), apart from the user's runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_STATE = Path(os.environ.get("STOKER_TEST_HOME", REPO / ".stoker" / "test"))
+TEST_KAFKA_PORT = 39192
+
+os.environ["STOKER_HOME"] = str(TEST_STATE)
+os.environ["STOKER_PROJECT"] = str(REPO)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+_BOOTSTRAP = os.environ.get("STOKER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{TEST_KAFKA_PORT}"
+
+from stoker.airflow_env import airflow_env  # noqa: E402
+
+os.environ.update(airflow_env(_BOOTSTRAP))
+
+
+@pytest.fixture(scope="session")
+def kafka_config() -> dict[str, str]:
+    """A reachable Kafka cluster's client config; starts the embedded broker when none is given."""
+    from stoker import kafka as skafka
+    from stoker import stack
+
+    if os.environ.get("STOKER_KAFKA_BOOTSTRAP"):
+        config = {"bootstrap.servers": os.environ["STOKER_KAFKA_BOOTSTRAP"]}
+        skafka.check_reachable(config)
+        yield config
+        return
+    broker = stack.Broker(home=TEST_STATE / "kafka", port=TEST_KAFKA_PORT)
+    stack.up(broker)
+    try:
+        yield broker.client_config()
+    finally:
+        stack.down(broker)
+
+
+@pytest.fixture(scope="session")
+def sample_corpus() -> dict[str, Path]:
+    """The sample corpus and its tokenizer, made offline (once per test state folder)."""
+    from stoker import sample
+
+    data = TEST_STATE / "data" / "sample"
+    tok_dir = TEST_STATE / "tokenizers" / "sample-bpe-8192"
+    if not (data / "_SUCCESS").exists() or not (tok_dir / "tokenizer.json").exists():
+        sample.write_corpus(data)
+        sample.train_tokenizer(data, tok_dir)
+    return {"data": data, "tokenizer": tok_dir / "tokenizer.json"}
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated Airflow metadata DB in the test Airflow home."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL,
+                   env=os.environ.copy())
+    return home
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2,4]").appName("stoker-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "64")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,163 @@
+"""The Spark job against a real broker: counts add up, every sequence decodes back to the kept
+documents' tokens, offsets match the manifest, and a failed Spark task neither loses nor
+duplicates a sequence."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spark_jobs import steps
+from spark_jobs.tokenization import load_tokenizer
+from spark_jobs.tokenize_publish import run_job
+from stoker import kafka as skafka
+from stoker import records
+from stoker.config import load_corpus
+from stoker.manifest import read_manifest
+
+pytestmark = pytest.mark.integration
+
+GOOD = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Kafka keeps the packed sequences; Spark makes them.",
+    "数据管道把原始文本清洗、分词、打包。",
+    "Cafe\u0301 au lait",  # NFC turns this into 'Café au lait'
+    "A hostile document that says <|endoftext|> in the middle must not inject an EOS.",
+    "x" * 3000,  # longer than one sequence: continues across windows
+] + [f"Document number {i} talks about topic {i * 7 % 13} at some length." for i in range(120)]
+
+BAD = [
+    (b'{"text": "broken', steps.INVALID_JSON),
+    (b'{"title": "no text"}', steps.MISSING_TEXT),
+    (b'{"text": ""}', steps.EMPTY_TEXT),
+    (b'{"text": "bad \xff byte"}', steps.INVALID_UTF8),
+    (b'{"text": "\\udc00"}', steps.INVALID_UNICODE),
+]
+
+
+def _write_corpus(folder: Path) -> None:
+    lines = [json.dumps({"text": t}, ensure_ascii=False).encode() for t in GOOD]
+    lines += [json.dumps({"text": GOOD[1]}).encode(), json.dumps({"text": "  " + GOOD[0] + " "}).encode()]
+    for i, (raw, _) in enumerate(BAD):
+        lines.insert(i * 17 + 3, raw)
+    folder.mkdir(parents=True)
+    half = len(lines) // 2
+    (folder / "a.jsonl").write_bytes(b"\n".join(lines[:half]) + b"\n")
+    (folder / "b.jsonl").write_bytes(b"\n".join(lines[half:]))
+    (folder / "_SUCCESS").write_text("")
+
+
+@pytest.fixture()
+def small_cfg(tmp_path, sample_corpus):
+    cfg = load_corpus(Path(__file__).resolve().parents[2] / "corpora" / "sample.yaml")
+    _write_corpus(tmp_path / "corpus")
+    cfg.source = dataclasses.replace(cfg.source, uri=str(tmp_path / "corpus"))
+    cfg.tokenizer = dataclasses.replace(cfg.tokenizer, path=str(sample_corpus["tokenizer"]))
+    cfg.pack = dataclasses.replace(cfg.pack, seq_len=64)
+    cfg.publish = dataclasses.replace(cfg.publish, spark_partitions=3)
+    return cfg
+
+
+def _expected_docs(tokenizer_path: str) -> list[tuple[int, ...]]:
+    tok = load_tokenizer(tokenizer_path)
+    import unicodedata
+
+    texts = dict.fromkeys(unicodedata.normalize("NFC", t).strip() for t in GOOD)  # dedup, first kept
+    return [tuple(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def _documents_from_topic(msgs, eos: int) -> tuple[list[tuple[int, ...]], dict[int, list[int]]]:
+    """Rebuild documents: per Spark partition, sequences in key order, real tokens, split at EOS."""
+    by_part: dict[int, list] = defaultdict(list)
+    for m in msgs:
+        by_part[records.parse_key(m.key())[0]].append(m)
+    docs, order = [], {}
+    for sp, ms in sorted(by_part.items()):
+        ms.sort(key=lambda m: records.parse_key(m.key())[1])
+        order[sp] = [records.parse_key(m.key())[1] for m in ms]
+        seqs = [records.decode(m.value(), m.headers(), seq_len=64) for m in ms]
+        stream = np.concatenate([s.tokens[: s.n_real] for s in seqs]).tolist()
+        assert stream[-1] == eos
+        doc, pos = [], 0
+        starts = {i * 65 + int(s) for i, seq in enumerate(seqs) for s in seq.doc_starts}
+        for t in stream:
+            if not doc:
+                assert pos in starts, f"a document starts at {pos} but no doc boundary header says so"
+            pos += 1
+            if t == eos:
+                docs.append(tuple(doc))
+                doc = []
+            else:
+                doc.append(t)
+    return docs, order
+
+
+def test_counts_decode_and_offsets(spark, kafka_config, small_cfg, tmp_path):
+    run_dir = tmp_path / "run"
+    topic = "stoker.test.20261201.a1"
+    m = run_job(spark, small_cfg, ds="2026-12-01", topic=topic, run_dir=run_dir, kafka_config=kafka_config)
+
+    # counts add up: every line read is kept or dropped with a reason
+    assert m.docs_in == len(GOOD) + 2 + len(BAD)
+    assert m.docs_dropped == dict(sorted(Counter([r for _, r in BAD] + [steps.DUPLICATE] * 2).items()))
+    assert m.docs_kept == len(GOOD)
+    assert read_manifest(run_dir) == m
+
+    # the quarantine holds every rejected record with its reason and exact bytes
+    rows = [json.loads(line) for f in (run_dir / "quarantine").glob("part-*.json") for line in f.open()]
+    assert Counter(r["reason"] for r in rows) == Counter(m.docs_dropped)
+    import base64
+
+    assert {base64.b64decode(r["raw_base64"]) for r in rows if r["reason"] != "duplicate"} == {b for b, _ in BAD}
+
+    # every published sequence decodes back to exactly the tokens of the kept documents
+    msgs = skafka.read_all(kafka_config, topic)
+    assert len(msgs) == m.sequences
+    tok = load_tokenizer(m.tokenizer_path)
+    docs, order = _documents_from_topic(msgs, tok.token_to_id("<|endoftext|>"))
+    assert Counter(docs) == Counter(_expected_docs(m.tokenizer_path))
+    assert all(idx == list(range(len(idx))) for idx in order.values())  # no gap in any partition's keys
+    assert m.tokens == sum(len(d) + 1 for d in docs)
+
+    # manifest offsets are the topic's end offsets, and per-partition counts are what a consumer sees
+    assert m.end_offsets() == skafka.end_offsets(kafka_config, topic)
+    seen = Counter(msg.partition() for msg in msgs)
+    assert {p.partition: p.sequences for p in m.partitions} == {p: seen.get(p, 0) for p in range(4)}
+    assert not [t for t in skafka.list_topics(kafka_config, "stoker.test.20261201.") if t != topic]
+
+
+def test_failed_spark_task_is_retried_without_loss_or_duplicates(spark, kafka_config, small_cfg, tmp_path):
+    topic = "stoker.test.20261202.a1"
+    # the first attempt of Spark partition 1 dies after producing 2 sequences
+    m = run_job(spark, small_cfg, ds="2026-12-02", topic=topic, run_dir=tmp_path / "run",
+                kafka_config=kafka_config, fail=(1, 2))
+    committed = skafka.read_all(kafka_config, topic)
+    everything = skafka.read_all(kafka_config, topic, committed_only=False)
+    keys = [msg.key() for msg in committed]
+    assert len(keys) == len(set(keys)) == m.sequences  # each sequence exactly once
+    assert {records.parse_key(k)[0] for k in keys} == {0, 1, 2}
+    # the failed attempt really wrote records: they are in the log, aborted, invisible to read_committed
+    assert len(everything) > len(committed)
+    assert Counter(msg.key() for msg in everything).most_common(1)[0][1] == 2
+
+    # a clean run of the same data publishes the same sequences (keys and bytes)
+    clean = run_job(spark, small_cfg, ds="2026-12-03", topic="stoker.test.20261203.a1", run_dir=tmp_path / "c",
+                    kafka_config=kafka_config)
+    clean_msgs = skafka.read_all(kafka_config, clean.topic)
+    assert sorted((x.key(), x.value()) for x in clean_msgs) == sorted((x.key(), x.value()) for x in committed)
+
+
+def test_rerun_under_the_same_topic_replaces_it(spark, kafka_config, small_cfg, tmp_path):
+    topic = "stoker.test.20261204.a1"
+    first = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
+                    kafka_config=kafka_config)
+    again = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
+                    kafka_config=kafka_config)
+    msgs = skafka.read_all(kafka_config, topic)
+    assert len(msgs) == again.sequences == first.sequences
+    assert len({x.key() for x in msgs}) == len(msgs)

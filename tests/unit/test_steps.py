@@ -1,0 +1,63 @@
+import numpy as np
+import pytest
+
+from spark_jobs import steps
+
+
+@pytest.mark.parametrize(
+    "raw,reason",
+    [
+        (b'{"text": "hello"}', None),
+        (b'{"text": "caf\xe9"}', steps.INVALID_UTF8),
+        (b'{"text": "unterminated', steps.INVALID_JSON),
+        (b"[1, 2]", steps.INVALID_JSON),
+        (b"", steps.INVALID_JSON),
+        (b'{"body": "x"}', steps.MISSING_TEXT),
+        (b'{"text": 5}', steps.MISSING_TEXT),
+        (b'{"text": "\\ud800 lone surrogate"}', steps.INVALID_UNICODE),
+    ],
+)
+def test_parse_line_gives_each_bad_record_its_reason(raw, reason):
+    p = steps.parse_line("f.jsonl", 3, raw, "jsonl", "text")
+    assert p.reason == reason
+    assert (p.text is None) == (reason is not None)
+    if reason:
+        assert p.raw == raw and p.detail  # the quarantine keeps the exact bytes and why
+
+
+def test_clean_normalises_strips_and_checks_length():
+    p = steps.parse_line("f", 1, '{"text": "  Cafe\u0301  "}'.encode(), "jsonl", "text")
+    kept = steps.clean(p, "NFC", 1, 100)
+    assert kept.text == "Caf\u00e9" and kept.reason is None and len(kept.digest) == 32
+    assert steps.clean(p, "NFC", 10, 100).reason == steps.TOO_SHORT
+    assert steps.clean(p, "NFC", 1, 3).reason == steps.TOO_LONG
+    blank = steps.parse_line("f", 2, b'{"text": " \\n "}', "jsonl", "text")
+    assert steps.clean(blank, "NFC", 1, 100).reason == steps.EMPTY_TEXT
+
+
+def test_split_lines_numbers_from_one_and_ignores_the_final_newline():
+    assert list(steps.split_lines(b"a\r\nb\n\nc\n")) == [(1, b"a"), (2, b"b"), (3, b""), (4, b"c")]
+    assert list(steps.split_lines(b"")) == []
+
+
+def test_packer_keeps_every_token_in_order_with_eos_between_documents():
+    docs = [list(range(1, 6)), list(range(10, 23)), [30], list(range(40, 47))]
+    packer = steps.Packer(seq_len=7, eos_id=0, pad_id=99)
+    out = [s for d in docs for s in packer.add(d)] + list(packer.flush())
+    assert all(len(s.tokens) == 8 for s in out)
+    assert all(s.valid is None for s in out[:-1])
+    stream = np.concatenate([s.tokens[: s.valid or len(s.tokens)] for s in out]).tolist()
+    expected = [t for d in docs for t in [*d, 0]]
+    assert stream == expected
+    assert packer.tokens == len(expected)
+    assert packer.padding == 8 * len(out) - len(expected)
+    assert out[-1].tokens[out[-1].valid:].tolist() == [99] * packer.padding
+    # each document start is recorded in the window where it begins
+    starts = [i * 8 + s for i, seq in enumerate(out) for s in seq.doc_starts]
+    assert starts == [0, 6, 20, 22]
+
+
+def test_packer_exact_fit_needs_no_padding():
+    packer = steps.Packer(seq_len=3, eos_id=0, pad_id=9)
+    out = list(packer.add([1, 2, 3])) + list(packer.flush())
+    assert len(out) == 1 and out[0].tokens.tolist() == [1, 2, 3, 0] and packer.padding == 0
