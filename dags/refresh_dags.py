@@ -7,7 +7,7 @@ naming the field, the value and the fix.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
@@ -65,7 +65,7 @@ def build_dag(cfg: CorpusConfig) -> DAG:
         dag_id=f"refresh_{cfg.name}",
         description=f"Refresh of corpus {cfg.name}: source → Spark → Kafka",
         schedule=s.cron,
-        start_date=datetime.combine(s.start_date, datetime.min.time(), tzinfo=timezone.utc),
+        start_date=datetime.combine(s.start_date, datetime.min.time(), tzinfo=UTC),
         catchup=s.catchup,
         max_active_runs=s.max_active_runs,
         default_args=default_args,

@@ -16,6 +16,7 @@ the partition is visible exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -148,10 +149,8 @@ def publish_partition(
                  summary.to_json().encode(), None)
         producer.commit_transaction(tx_timeout_ms / 1000)
     except BaseException:
-        try:
+        with contextlib.suppress(Exception):  # the fencing on retry aborts it anyway
             producer.abort_transaction(30)
-        except Exception:  # noqa: BLE001 - the fencing on retry aborts it anyway
-            pass
         raise
     yield summary
 

@@ -21,7 +21,8 @@ def load_tokenizer(path: str) -> Any:
 def token_id(tokenizer: Any, token: str, what: str) -> int:
     tid = tokenizer.token_to_id(token)
     if tid is None:
-        raise ValueError(f"tokenizer.{what} = {token!r} is not in the tokenizer's vocabulary: add it or change the config")
+        raise ValueError(
+            f"tokenizer.{what} = {token!r} is not in the tokenizer's vocabulary: add it or change the config")
     return int(tid)
 
 

@@ -16,8 +16,8 @@ import argparse
 import dataclasses
 import json
 import logging
-import re
 import os
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -283,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     fail = tuple(int(x) for x in args.fail_first_attempt.split(":")) if args.fail_first_attempt else None
     spark = (SparkSession.builder.appName(f"stoker-tokenize-publish-{cfg.name}-{args.ds}")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2048")
+             # one task per core already: the tokenizer's own thread pool would oversubscribe them
+             # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
+             .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false")
              .getOrCreate())
     try:
         m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),

@@ -80,10 +80,12 @@ def create_topic(
         fut.result(timeout=TIMEOUT_S * 2)
     except KafkaException as e:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise StokerError(f"creating topic {name!r} ({partitions} partitions, RF {replication_factor}) failed: {e}") from e
+            raise StokerError(
+                f"creating topic {name!r} ({partitions} partitions, RF {replication_factor}) failed: {e}") from e
         have = topic_partitions(config, name)
         if have != partitions:
-            raise StokerError(f"topic {name!r} exists with {have} partitions, expected {partitions}: delete it first") from e
+            raise StokerError(
+                f"topic {name!r} exists with {have} partitions, expected {partitions}: delete it first") from e
         return False
     _await_topic(config, name, partitions)
     return True
@@ -203,7 +205,9 @@ def _retriable(e: StokerError) -> bool:
         KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
-def committed_offsets(config: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+def committed_offsets(
+    config: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int]
+) -> dict[int, int | None]:
     """The group's committed offset per partition (None where nothing is committed)."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
@@ -307,15 +311,16 @@ def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True,
             msg = consumer.poll(1.0)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= ends[msg.partition()]:
-                        pending.discard(msg.partition())
+            part, offset, err = int(msg.partition() or 0), int(msg.offset() or 0), msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if offset >= ends[part]:
+                        pending.discard(part)
                     continue
-                raise StokerError(f"reading {topic}: {msg.error()}")
+                raise StokerError(f"reading {topic}: {err}")
             out.append(msg)
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                pending.discard(msg.partition())
+            if offset + 1 >= ends[part]:
+                pending.discard(part)
     finally:
         consumer.close()
     return out

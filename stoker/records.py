@@ -30,7 +30,7 @@ H_DTYPE = "stoker.dtype"
 H_DOCS = "stoker.docs"
 H_VALID = "stoker.valid"
 
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def dtype_for_vocab(vocab_size: int) -> str:

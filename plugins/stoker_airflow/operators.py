@@ -18,6 +18,7 @@ SPARK_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
     "spark.task.maxFailures": "4",
+    "spark.executorEnv.TOKENIZERS_PARALLELISM": "false",
 }
 
 
@@ -28,7 +29,8 @@ class TokenizePublishOperator(SparkSubmitOperator):
     environment (``STOKER_KAFKA_CONFIG``), so secrets never appear on a command line.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "corpus_path", "ds", "topic", "run_dir", "extra_args")
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields, "corpus_path", "ds", "topic", "run_dir", "extra_args")
 
     def __init__(self, *, corpus_path: str, ds: str, topic: str, run_dir: str,
                  kafka_config_id: str = "kafka_default", extra_args: list[str] | None = None,

@@ -83,12 +83,11 @@ def _documents_from_topic(msgs, eos: int) -> tuple[list[tuple[int, ...]], dict[i
         seqs = [records.decode(m.value(), m.headers(), seq_len=64) for m in ms]
         stream = np.concatenate([s.tokens[: s.n_real] for s in seqs]).tolist()
         assert stream[-1] == eos
-        doc, pos = [], 0
+        doc: list[int] = []
         starts = {i * 65 + int(s) for i, seq in enumerate(seqs) for s in seq.doc_starts}
-        for t in stream:
+        for pos, t in enumerate(stream):
             if not doc:
                 assert pos in starts, f"a document starts at {pos} but no doc boundary header says so"
-            pos += 1
             if t == eos:
                 docs.append(tuple(doc))
                 doc = []
