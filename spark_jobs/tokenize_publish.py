@@ -197,7 +197,7 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     for s in summaries:
         for k, v in s.per_partition.items():
             per_part[int(k)] += v
-    ends = skafka.end_offsets(kafka_config, topic)
+    ends = skafka.stable_end_offsets(kafka_config, topic)
     starts = skafka.start_offsets(kafka_config, topic)
     manifest = Manifest(
         run_id=run_id, corpus=cfg.name, ds=ds, topic=topic,

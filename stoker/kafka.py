@@ -167,6 +167,24 @@ def end_offsets(config: Mapping[str, Any], topic: str, committed_only: bool = Tr
     return _list_offsets(config, topic, "latest", committed_only)
 
 
+def stable_end_offsets(config: Mapping[str, Any], topic: str, timeout: float = 60.0) -> dict[int, int]:
+    """End offsets once every transaction on ``topic`` is settled (last stable offset = high watermark).
+
+    A committed transaction's markers reach the partitions asynchronously after
+    ``commit_transaction()`` returns, so the read_committed end offset can trail for a moment; a
+    manifest must never record such a transient value.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        stable, high = end_offsets(config, topic), end_offsets(config, topic, committed_only=False)
+        if stable == high:
+            return stable
+        if time.monotonic() > deadline:
+            raise KafkaTimeout(f"topic {topic!r}: open transactions after {timeout:.0f}s (stable {stable}, "
+                               f"high watermark {high}): a producer is still writing to it")
+        time.sleep(0.2)
+
+
 def start_offsets(config: Mapping[str, Any], topic: str) -> dict[int, int]:
     """Per-partition earliest offsets (the log start)."""
     return _list_offsets(config, topic, "earliest", False)

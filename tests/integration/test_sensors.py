@@ -33,7 +33,7 @@ def published(kafka_config, tmp_path):
                          value=records.encode_value(range(SEQ_LEN + 1), "uint16"),
                          headers=records.encode_headers("t/2026-12-01", "uint16"))
     producer.commit_transaction(30)
-    ends = skafka.end_offsets(kafka_config, topic)
+    ends = skafka.stable_end_offsets(kafka_config, topic)
     m = Manifest(run_id="t/2026-12-01", corpus="t", ds="2026-12-01", topic=topic,
                  partitions=[PartitionRange(partition=0, start_offset=0, end_offset=ends[0], sequences=5),
                              PartitionRange(partition=1, start_offset=0, end_offset=ends[1], sequences=3)],

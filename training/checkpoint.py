@@ -1,0 +1,70 @@
+"""Checkpoints that hold the data state: model, optimizer and scheduler (DeepSpeed) plus every
+rank's Kafka offsets (client state), then the offsets committed to the training consumer group so
+the lag sensor sees progress.
+
+DeepSpeed saves only rank 0's ``client_state``, so the ranks' source states are gathered first.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from stoker import kafka as skafka
+
+log = logging.getLogger("stoker.train.checkpoint")
+
+
+def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """One data state for the run: each partition's offset from the rank that owns it."""
+    merged = dict(states[0])
+    offsets = dict(states[0]["next_offsets"])
+    for s in states:
+        for p in s["assignment"]["partitions"]:
+            offsets[str(p)] = s["next_offsets"][str(p)]
+    merged["next_offsets"] = offsets
+    merged["assignment"] = {"world": states[0]["assignment"]["world"],
+                            "ranks": [s["assignment"]["partitions"] for s in states]}
+    return merged
+
+
+def save(engine: Any, source: Any, step: int, ckpt_dir: Path, *, kafka_config: dict[str, Any] | None,
+         group_id: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, source.state_dict())
+    data = merge_states(states)
+    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step:08d}",
+                           client_state={"data": data, "step": step, **(extra or {})})
+    dist.barrier()
+    if dist.get_rank() == 0 and kafka_config is not None:
+        offsets = {int(p): o for p, o in data["next_offsets"].items()}
+        skafka.commit_offsets(kafka_config, group_id, data["topic"], offsets)
+        log.info("checkpoint step %d saved in %s; offsets committed for group %s: %s", step, ckpt_dir, group_id,
+                 offsets)
+    return data
+
+
+def has_checkpoint(ckpt_dir: Path) -> bool:
+    return (ckpt_dir / "latest").is_file()
+
+
+def load(engine: Any, ckpt_dir: Path) -> dict[str, Any]:
+    """Load the latest checkpoint; the optimizer too where DeepSpeed can (else say so and go on)."""
+    try:
+        path, client = engine.load_checkpoint(str(ckpt_dir))
+    except Exception as e:  # noqa: BLE001 - a ZeRO-partitioned optimizer saved at another world size
+        log.warning("optimizer state could not be restored (%s): restoring model weights only, the optimizer "
+                    "starts fresh", e)
+        path, client = engine.load_checkpoint(str(ckpt_dir), load_optimizer_states=False,
+                                              load_lr_scheduler_states=True)
+    if path is None:
+        raise RuntimeError(f"no loadable checkpoint in {ckpt_dir}")
+    saved_world = client["data"]["assignment"]["world"]
+    if saved_world != engine.world_size:
+        log.warning("resuming a world-size-%d checkpoint at world size %d: partitions reassigned, each keeps "
+                    "its offset", saved_world, engine.world_size)
+    log.info("resumed from %s at step %d", path, client["step"])
+    return client

@@ -1,0 +1,1 @@
+"""Training data: the Kafka token source and how packed records become model inputs."""

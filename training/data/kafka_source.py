@@ -1,0 +1,146 @@
+"""The Kafka token source: a Stateful reader of one run's topic for one training rank.
+
+* Rank r of world w reads partitions ``manifest_partitions[r::w]`` by manual assignment (no group
+  rebalancing: a rebalance would move partitions under a running step).
+* read_committed: aborted publish attempts are invisible; reading stops at the manifest's end offsets.
+* ``state_dict()`` = the next offset of *every* partition of the run (this rank's, merged by the
+  trainer with the other ranks' before a checkpoint), so a resume at another world size simply
+  reassigns partitions and carries each partition's offset.
+* Offsets advance only when the trainer calls ``commit(batch)`` after the step that consumed it:
+  a batch that was read but not trained on is read again after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stoker import records
+from stoker.exceptions import StokerError
+from stoker.manifest import Manifest
+from training.data.batch import Batch, make_batch
+
+log = logging.getLogger("stoker.train.source")
+
+
+@dataclass(slots=True)
+class Pending:
+    batch: Batch
+    next_offsets: dict[int, int]
+
+
+def assign(partitions: list[int], rank: int, world: int) -> list[int]:
+    """Round-robin: rank r takes every w-th partition. Warns when the split is uneven."""
+    if len(partitions) % world:
+        log.warning("%d partitions over %d ranks: some ranks read more than others (partitions should be "
+                    "a multiple of the world size)", len(partitions), world)
+    return sorted(partitions)[rank::world]
+
+
+class KafkaTokenSource:
+    def __init__(self, *, kafka_config: Mapping[str, Any], manifest: Manifest, rank: int, world: int,
+                 batch_size: int, group_id: str, poll_timeout: float = 1.0, stall_timeout: float = 120.0) -> None:
+        self.manifest = manifest
+        self.rank, self.world = rank, world
+        self.batch_size = batch_size
+        self.group_id = group_id
+        self.kafka_config = dict(kafka_config)
+        self.poll_timeout, self.stall_timeout = poll_timeout, stall_timeout
+        self.end = {p.partition: p.end_offset for p in manifest.partitions}
+        self.offsets = {p.partition: p.start_offset for p in manifest.partitions}
+        self.partitions = assign(list(self.end), rank, world)
+        self._consumer: Any = None
+        self._pos: dict[int, int] = {}
+        self._live: set[int] = set()
+        self.wait_seconds = 0.0
+        """Time spent blocked on Kafka (the data-wait share of step time)."""
+
+    # -- Stateful ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"topic": self.manifest.topic, "next_offsets": {str(p): o for p, o in self.offsets.items()},
+                "assignment": {"rank": self.rank, "world": self.world, "partitions": self.partitions}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("topic") != self.manifest.topic:
+            raise StokerError(f"checkpoint data state is for topic {state.get('topic')!r}, this run reads "
+                              f"{self.manifest.topic!r}: start from a fresh checkpoint folder")
+        for p, o in state["next_offsets"].items():
+            p = int(p)
+            if p not in self.end or not 0 <= o <= self.end[p]:
+                raise StokerError(f"checkpoint offset {o} for partition {p} is outside the run [0, {self.end.get(p)}]")
+            self.offsets[p] = int(o)
+        self._close()
+
+    # -- reading -------------------------------------------------------------------------------
+    def remaining(self) -> int:
+        """Offsets left in this rank's partitions (an upper bound of the sequences left)."""
+        return sum(self.end[p] - self.offsets[p] for p in self.partitions)
+
+    def _open(self) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        conf = dict(self.kafka_config)
+        conf.update({"group.id": self.group_id, "isolation.level": "read_committed",
+                     "enable.auto.commit": False, "enable.auto.offset.store": False,
+                     "enable.partition.eof": True, "fetch.wait.max.ms": 50})
+        self._consumer = Consumer(conf)
+        self._pos = {p: self.offsets[p] for p in self.partitions}
+        self._live = {p for p in self.partitions if self.offsets[p] < self.end[p]}
+        self._consumer.assign([TopicPartition(self.manifest.topic, p, self.offsets[p]) for p in sorted(self._live)])
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+        self._consumer = None
+
+    def close(self) -> None:
+        self._close()
+
+    def next_batch(self) -> Pending | None:
+        """Up to ``batch_size`` sequences from this rank's partitions (fewer at the very end, None
+        when every partition is at its end). Offsets are not advanced until :meth:`commit`."""
+        from confluent_kafka import KafkaError
+
+        if self._consumer is None:
+            self._open()
+        seqs, keys = [], []
+        t0 = time.perf_counter()
+        last_progress = time.monotonic()
+        while len(seqs) < self.batch_size and self._live:
+            msg = self._consumer.poll(self.poll_timeout)
+            if msg is None:
+                if time.monotonic() - last_progress > self.stall_timeout:
+                    raise StokerError(f"no data from {self.manifest.topic} partitions {sorted(self._live)} for "
+                                      f"{self.stall_timeout:.0f}s before their end offsets: is the broker up?")
+                continue
+            p, offset = msg.partition(), msg.offset()
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise StokerError(f"reading {self.manifest.topic}[{p}]: {msg.error()}")
+                if p in self._live and offset >= self.end[p]:
+                    # at the end: nothing but transaction markers lay between the last record and here
+                    self._pos[p] = self.end[p]
+                    self._live.discard(p)
+                continue
+            if p not in self._live:
+                continue
+            if offset >= self.end[p]:  # past the manifest's range: not this run's data
+                self._pos[p] = self.end[p]
+                self._live.discard(p)
+                continue
+            last_progress = time.monotonic()
+            seqs.append(records.decode(msg.value(), msg.headers(), seq_len=self.manifest.seq_len))
+            keys.append(msg.key())
+            self._pos[p] = offset + 1
+        self.wait_seconds += time.perf_counter() - t0
+        if not seqs:
+            self.offsets.update(self._pos)  # every partition of this rank is at its end
+            return None
+        return Pending(batch=make_batch(seqs, keys, self.manifest.seq_len), next_offsets=dict(self._pos))
+
+    def commit(self, pending: Pending) -> None:
+        """The step that consumed ``pending`` is done: its offsets become the source's state."""
+        self.offsets.update(pending.next_offsets)

@@ -1,0 +1,94 @@
+"""The DeepSeek-V3 model of a recipe, and the auxiliary-loss-free load balancing that transformers
+leaves out: DeepSeek-V3 (arXiv 2412.19437, §2.1.2) nudges each routed expert's selection bias after
+every step, ``b_i += γ · sign(mean load − load_i)``, so over-loaded experts are picked less."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training.recipes import TrainRecipe
+
+
+def build_config(recipe: TrainRecipe, vocab_size: int, seq_len: int, eos_id: int, pad_id: int) -> Any:
+    from transformers import DeepseekV3Config
+
+    m = recipe.model
+    return DeepseekV3Config(
+        vocab_size=vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        moe_intermediate_size=m.moe_intermediate_size, num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads, num_key_value_heads=m.num_heads,
+        n_routed_experts=m.n_routed_experts, num_experts_per_tok=m.experts_per_token,
+        n_shared_experts=m.n_shared_experts, first_k_dense_replace=m.first_dense_layers,
+        n_group=1, topk_group=1, kv_lora_rank=m.kv_lora_rank, q_lora_rank=m.q_lora_rank,
+        qk_rope_head_dim=m.qk_rope_head_dim, qk_nope_head_dim=m.qk_nope_head_dim, v_head_dim=m.v_head_dim,
+        max_position_embeddings=max(seq_len, 128), bos_token_id=eos_id, eos_token_id=eos_id,
+        pad_token_id=pad_id, tie_word_embeddings=False, use_cache=False,
+    )
+
+
+def build_model(recipe: TrainRecipe, vocab_size: int, seq_len: int, eos_id: int, pad_id: int) -> Any:
+    import torch
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(recipe.seed)
+    model = DeepseekV3ForCausalLM(build_config(recipe, vocab_size, seq_len, eos_id, pad_id))
+    model.config.use_cache = False
+    return model
+
+
+def routers(model: Any) -> list[Any]:
+    """The top-k routers of every MoE layer (each holds ``e_score_correction_bias``)."""
+    return [m for m in model.modules() if hasattr(m, "e_score_correction_bias")]
+
+
+class ExpertLoad:
+    """Counts, per MoE layer, how many tokens each routed expert received (forward hooks on routers)."""
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        self.routers = routers(model)
+        self.counts = [torch.zeros(r.e_score_correction_bias.numel(), dtype=torch.float64) for r in self.routers]
+        self._hooks = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
+
+    def _hook(self, i: int):
+        import torch
+
+        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+            topk_indices = output[-1]
+            self.counts[i] += torch.bincount(topk_indices.reshape(-1).detach().cpu(),
+                                             minlength=self.counts[i].numel()).double()
+        return hook
+
+    def take(self) -> list[Any]:
+        """The counts since the last take (and reset them)."""
+        out = [c.clone() for c in self.counts]
+        for c in self.counts:
+            c.zero_()
+        return out
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+
+def update_bias(model: Any, loads: list[Any], gamma: float) -> None:
+    """One auxiliary-loss-free balancing step per MoE layer: ``b += γ·sign(mean(load) − load)``.
+
+    ``loads`` must be the same on every rank (all-reduced), so the biases stay identical everywhere.
+    """
+    import torch
+
+    with torch.no_grad():
+        for router, load in zip(routers(model), loads, strict=True):
+            bias = router.e_score_correction_bias
+            step = gamma * torch.sign(load.mean() - load)
+            bias.add_(step.to(bias.dtype).to(bias.device))
+
+
+def balance_stats(loads: list[Any]) -> dict[str, float]:
+    """max/mean load over experts (1.0 = perfectly balanced), worst layer and average."""
+    ratios = [float(load.max() / load.mean()) for load in loads if float(load.sum()) > 0]
+    if not ratios:
+        return {"expert_load_max_over_mean": 1.0, "expert_load_max_over_mean_worst": 1.0}
+    return {"expert_load_max_over_mean": sum(ratios) / len(ratios), "expert_load_max_over_mean_worst": max(ratios)}
