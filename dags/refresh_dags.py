@@ -14,8 +14,8 @@ from airflow.sdk import DAG, Param, task
 from stoker import paths
 from stoker.config import CorpusConfig, load_all
 from stoker_airflow.callbacks import stage_finished, stage_started
-from stoker_airflow.operators import TokenizePublishOperator
-from stoker_airflow.sensors import KafkaPublishedSensor, SourceReadySensor
+from stoker_airflow.operators import DeepSpeedTrainOperator, TokenizePublishOperator
+from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
 
 # The run's date: the logical date, or the run_after date of a run triggered without one.
 _WHEN = "(logical_date or dag_run.run_after)"
@@ -32,7 +32,9 @@ DOC = """
 **Flow**: `await_source` (the drop at `{uri}` is complete) → `tokenize_publish` (Spark: validate,
 normalise, dedup, tokenise, pack {seq_len}+1-token sequences, publish exactly once to a run-scoped
 Kafka topic, write the manifest last) → `await_published` (the topic's committed end offsets equal
-the manifest's) → `report` (the run summary).
+the manifest's) → `train` (DeepSpeed, {world} rank(s), recipe `{recipe}`, launched detached; reads
+the topic, resumes from its last checkpoint) → `await_consumed` (deferred: the training consumer group's
+lag reaches 0, progress logged as % of the run's tokens) → `report` (the run summary).
 
 Run state: `.stoker/runs/{name}/<date>/` (manifest.json, quarantine/, timings.json, summary.json).
 Print a run's summary with `stoker runs show {name}/<date>`.
@@ -71,7 +73,7 @@ def build_dag(cfg: CorpusConfig) -> DAG:
         default_args=default_args,
         params=_params(cfg),
         doc_md=DOC.format(name=cfg.name, description=cfg.description.strip(), uri=cfg.source.uri,
-                          seq_len=cfg.pack.seq_len),
+                          seq_len=cfg.pack.seq_len, world=cfg.train.world_size, recipe=cfg.train.recipe),
         tags=["stoker", f"corpus:{cfg.name}"],
     ) as dag:
         await_source = SourceReadySensor(
@@ -91,6 +93,15 @@ def build_dag(cfg: CorpusConfig) -> DAG:
             task_id="await_published", manifest_path=f"{run_dir}/manifest.json", poll_interval=2, timeout=600,
         )
 
+        train = DeepSpeedTrainOperator(
+            task_id="train", manifest_path=f"{run_dir}/manifest.json", out_dir=f"{run_dir}/train",
+            recipe=cfg.train.recipe, world_size=cfg.train.world_size,
+        )
+        await_consumed = KafkaLagSensor(
+            task_id="await_consumed", manifest_path=f"{run_dir}/manifest.json", trainer_dir=f"{run_dir}/train",
+            max_lag=0, poll_interval=5, timeout=cfg.train.timeout_s,
+        )
+
         @task(task_id="report")
         def report(run_dir: str) -> dict:
             """Write summary.json next to the manifest and log the run summary."""
@@ -104,7 +115,7 @@ def build_dag(cfg: CorpusConfig) -> DAG:
             print(render(s))
             return {k: s[k] for k in ("run_id", "topic", "docs_in", "docs_kept", "tokens", "sequences")}
 
-        await_source >> publish >> await_published >> report(run_dir)
+        await_source >> publish >> await_published >> train >> await_consumed >> report(run_dir)
     return dag
 
 

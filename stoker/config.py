@@ -193,10 +193,14 @@ class TrainConfig:
     """Named training recipe in training/recipes.py."""
     world_size: int = 1
     """Training ranks; topic.partitions must be a multiple of it."""
+    timeout_s: int = 24 * 3600
+    """How long await_consumed waits for the trainer to consume the run."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise _fail("train.world_size", self.world_size, "must be >= 1")
+        if self.timeout_s < 1:
+            raise _fail("train.timeout_s", self.timeout_s, "must be >= 1")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -14,11 +14,14 @@ from stoker.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
 TIMINGS_NAME = "timings.json"
 
 
-def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None) -> None:
-    """Note a stage's first start or last end (retries and deferrals keep the first start)."""
+def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None, run: str = "") -> None:
+    """Note a stage's first start or last end. Retries and deferrals of one Airflow run keep the
+    first start; another run of the same date (``run`` differs) starts the stage afresh."""
     path = Path(run_dir) / TIMINGS_NAME
     data = _read_json(path)
     row = data.setdefault(stage, {})
+    if row.get("run") != run:
+        row = data[stage] = {"run": run}
     now = time.time() if now is None else now
     if event == "start":
         row.setdefault("start", now)
@@ -74,7 +77,19 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "source_files": len(m.source_files), "source_bytes": sum(f.get("bytes", 0) for f in m.source_files),
         "quarantine": m.quarantine_path, "spark_app_id": m.spark_app_id,
         "stage_seconds": stage_seconds(run_dir),
+        "training": _training(run_dir, m.topic),
     }
+
+
+def _training(run_dir: Path, topic: str) -> dict[str, Any] | None:
+    """The trainer's summary for the manifest's topic, if it has finished."""
+    path = Path(run_dir) / "train" / topic / "train_summary.json"
+    data = _read_json(path)
+    if not data:
+        return None
+    keys = ("steps", "sequences_consumed", "sequences_published", "tokens_consumed", "first_loss", "last_loss",
+            "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe")
+    return {k: data.get(k) for k in keys}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -96,4 +111,16 @@ def render(s: dict[str, Any]) -> str:
         f"  quarantine       {s['quarantine']}",
         "  seconds          " + ("  ".join(f"{k} {v}" for k, v in s["stage_seconds"].items()) or "-"),
     ]
+    t = s.get("training")
+    if t:
+        lines += [
+            f"  training         {t['recipe']}, {t['world_size']} rank(s), {t['steps']} steps",
+            f"    consumed       {t['sequences_consumed']} of {t['sequences_published']} sequences "
+            f"({t['tokens_consumed']} label tokens)",
+            f"    loss           {t['first_loss']:.3f} -> {t['last_loss']:.3f}",
+            f"    data wait      {100 * t['data_wait_fraction']:.2f}% of step time",
+            f"    checkpoint     {t['checkpoint']}",
+            f"    export         {t['export']}",
+            f"    loss curve     {t['loss_curve']}",
+        ]
     return "\n".join(lines)

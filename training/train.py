@@ -114,10 +114,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     source = KafkaTokenSource(kafka_config=kafka_config, manifest=manifest, rank=rank, world=world,
                               batch_size=recipe.micro_batch_size, group_id=group_id)
     step, first_loss = 0, None
+    done_sequences = done_tokens = 0  # over every session of this run, restored from the checkpoint
     if checkpoint.has_checkpoint(ckpt_dir):
         client = checkpoint.load(engine, ckpt_dir)
         source.load_state_dict(client["data"])
         step, first_loss = client["step"], client.get("first_loss")
+        done_sequences, done_tokens = client.get("sequences", 0), client.get("tokens", 0)
     loads = ExpertLoad(engine.module)
     metrics = Metrics(out, enabled=rank == 0)
     keys_log = None
@@ -165,22 +167,28 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         first_loss = loss if first_loss is None else first_loss
         seen_sequences += global_rows
         seen_tokens += int(global_tokens)
+        done_sequences += global_rows
+        done_tokens += int(global_tokens)
         dt = time.perf_counter() - t0
         metrics.log(step, {"loss": loss, "lr": engine.get_lr()[0], "tokens_per_s": global_tokens / dt,
                            "data_wait_fraction": (source.wait_seconds - w0) / dt, **balance_stats(expert)})
         if engine.is_gradient_accumulation_boundary() and engine.global_steps % recipe.checkpoint_every == 0:
             data = checkpoint.save(engine, source, step, ckpt_dir, kafka_config=kafka_config, group_id=group_id,
-                                   extra={"first_loss": first_loss})
+                                   extra={"first_loss": first_loss, "sequences": done_sequences,
+                                          "tokens": done_tokens})
             saved_step = step
 
     # -- the end: last checkpoint, export, summary ----------------------------------------------------------
     if saved_step != step:
         data = checkpoint.save(engine, source, step, ckpt_dir, kafka_config=kafka_config, group_id=group_id,
-                               extra={"first_loss": first_loss})
+                               extra={"first_loss": first_loss, "sequences": done_sequences,
+                                          "tokens": done_tokens})
     elapsed = time.perf_counter() - t_start
     waits = torch.tensor([source.wait_seconds - wait_start], dtype=torch.float64)
     dist.all_reduce(waits)
     summary = {"steps": step, "sequences_this_session": seen_sequences, "tokens_this_session": seen_tokens,
+               "sequences_consumed": done_sequences, "tokens_consumed": done_tokens,
+               "sequences_published": manifest.sequences,
                "first_loss": first_loss, "last_loss": loss, "data_wait_fraction": float(waits[0]) / world / elapsed,
                "checkpoint": str(ckpt_dir), "next_offsets": data["next_offsets"], "world_size": world,
                "group_id": group_id, "topic": manifest.topic, "recipe": recipe.name}

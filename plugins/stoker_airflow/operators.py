@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from stoker import paths
 from stoker_airflow.hooks import StokerKafkaHook
@@ -54,3 +55,48 @@ class TokenizePublishOperator(SparkSubmitOperator):
         self.env_vars = {**(self.env_vars or {}), "STOKER_KAFKA_CONFIG": json.dumps(config),
                          "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         super().execute(context)
+
+
+class DeepSpeedTrainOperator(BaseOperator):
+    """Launches the trainer on the run's topic, detached, and returns: a training run can take hours
+    and must not hold a worker slot (``await_consumed`` follows it, deferred).
+
+    The launcher (``torchrun``, or ``deepspeed`` with a hostfile for several nodes) runs in a session
+    of its own with its log, pid and exit code under ``out_dir``. A retry while that trainer still
+    runs adopts it instead of starting a second one on the same checkpoint folder; a later start
+    resumes from the latest checkpoint.
+    """
+
+    template_fields: Sequence[str] = ("manifest_path", "out_dir")
+
+    def __init__(self, *, manifest_path: str, out_dir: str, recipe: str = "debug_cpu", world_size: int = 1,
+                 launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
+                 extra_args: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if world_size < 1:
+            raise ValueError(f"world_size = {world_size}: must be >= 1")
+        if launcher not in ("torchrun", "deepspeed"):
+            raise ValueError(f"launcher = {launcher!r}: must be 'torchrun' or 'deepspeed'")
+        self.manifest_path = manifest_path
+        self.out_dir = out_dir
+        self.recipe = recipe
+        self.world_size = world_size
+        self.launcher = launcher
+        self.kafka_config_id = kafka_config_id
+        self.extra_args = list(extra_args or [])
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from stoker.manifest import read_manifest
+        from stoker.trainer_process import TrainerProcess
+
+        m = read_manifest(self.manifest_path)
+        proc = TrainerProcess(Path(self.out_dir) / m.topic)
+        if proc.running():
+            self.log.info("trainer already running (pid %s): following it", proc.pid())
+            return proc.describe(m.topic)
+        config = StokerKafkaHook(self.kafka_config_id).get_config()
+        cmd = proc.command(self.manifest_path, self.recipe, self.world_size, self.launcher, self.extra_args)
+        pid = proc.start(cmd, {"STOKER_KAFKA_CONFIG": json.dumps(config)}, self.world_size)
+        self.log.info("trainer started (pid %d, %d ranks): %s; log %s", pid, self.world_size, " ".join(cmd),
+                      proc.log_path)
+        return proc.describe(m.topic)

@@ -13,7 +13,7 @@ from stoker import kafka as skafka
 from stoker import paths
 from stoker.manifest import Manifest, read_manifest
 from stoker_airflow.hooks import StokerKafkaHook
-from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger
+from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger, lag_status, trainer_exit
 
 
 class SourceReadySensor(BaseSensorOperator):
@@ -131,40 +131,67 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
     the lag it last saw per partition.
     """
 
-    template_fields: Sequence[str] = ("manifest_path", "group_id")
+    template_fields: Sequence[str] = ("manifest_path", "group_id", "trainer_dir")
 
-    def __init__(self, *, manifest_path: str, group_id: str, max_lag: int = 0, **kwargs: Any) -> None:
+    def __init__(self, *, manifest_path: str, group_id: str | None = None, max_lag: int = 0,
+                 trainer_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_lag < 0:
             raise ValueError(f"max_lag = {max_lag}: must be >= 0")
         self.manifest_path = manifest_path
         self.group_id = group_id
         self.max_lag = max_lag
+        self.trainer_dir = trainer_dir
+        """Folder of a trainer launched by DeepSpeedTrainOperator: followed through its exit code."""
+
+    def _group(self, m: Manifest) -> str:
+        return self.group_id or f"stoker-train.{m.topic}"
+
+    def _rc_file(self, m: Manifest) -> str | None:
+        return f"{self.trainer_dir}/{m.topic}/trainer.rc" if self.trainer_dir else None
 
     def _report(self) -> tuple[Manifest, skafka.LagReport]:
         m = read_manifest(self.manifest_path)
-        committed = skafka.committed_offsets(self._config(), self.group_id, m.topic, m.end_offsets())
+        committed = skafka.committed_offsets(self._config(), self._group(m), m.topic, m.end_offsets())
         starts = {p.partition: p.start_offset for p in m.partitions}
         return m, skafka.compute_lag(m.end_offsets(), committed, starts, m.seq_len)
 
     def poke(self, context: Any) -> bool:
-        _m, report = self._report()
-        self.log.info("group %s: %s", self.group_id, report.describe())
-        return report.lag <= self.max_lag
+        m, report = self._report()
+        self.log.info("group %s: %s", self._group(m), report.describe())
+        rc_file = self._rc_file(m)
+        status = lag_status(report.lag, self.max_lag, trainer_exit(rc_file), rc_file is not None)
+        if status is None:
+            return False
+        return self._finish({"status": status, "rc": trainer_exit(rc_file), "lag": report.lag,
+                             "lag_tokens": report.lag_tokens, "consumed_fraction": report.consumed_fraction,
+                             "partitions": {str(p.partition): p.lag for p in report.partitions}}) is not None
 
     def _trigger(self) -> KafkaLagTrigger:
         m = read_manifest(self.manifest_path)
         return KafkaLagTrigger(
-            topic=m.topic, group_id=self.group_id, end={str(k): v for k, v in m.end_offsets().items()},
+            topic=m.topic, group_id=self._group(m), end={str(k): v for k, v in m.end_offsets().items()},
             start={str(p.partition): p.start_offset for p in m.partitions}, max_lag=self.max_lag,
             tokens_per_message=m.seq_len, kafka_config_id=self.kafka_config_id,
-            poll_interval=self.poll_interval, deadline=self._deadline())
+            poll_interval=self.poll_interval, deadline=self._deadline(), rc_file=self._rc_file(m))
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        if event["status"] == "caught_up":
+    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
+        m = read_manifest(self.manifest_path)
+        group, status = self._group(m), event["status"]
+        if status == "caught_up":
             return event
+        if status == "trainer_failed":
+            log = f"{self.trainer_dir}/{m.topic}/trainer.log"
+            raise AirflowFailException(f"the trainer exited with {event.get('rc')} at {event.get('lag')} messages of "
+                                       f"lag: see {log}; clearing the train task resumes from its last checkpoint")
+        if status == "trainer_stopped_early":
+            raise AirflowFailException(f"the trainer finished but group {group} still lags by {event.get('lag')} "
+                                       f"messages per partition {event.get('partitions')}: was --max-steps set?")
         raise AirflowFailException(
-            f"consumer group {self.group_id} still lags after {self.timeout:.0f}s: {event.get('lag')} messages "
+            f"consumer group {group} still lags after {self.timeout:.0f}s: {event.get('lag')} messages "
             f"({event.get('lag_tokens')} tokens) per partition {event.get('partitions')} "
             f"{event.get('error', '')}: is the trainer running? raise the sensor timeout or max_lag"
         )
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        return self._finish(event)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -64,6 +65,31 @@ class KafkaPublishedTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
 
+def trainer_exit(rc_file: str | None) -> int | None:
+    """The followed trainer's exit code, None while it runs (or when no trainer is followed)."""
+    if rc_file is None:
+        return None
+    try:
+        return int(Path(rc_file).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def lag_status(lag: int, max_lag: int, rc: int | None, following: bool = True) -> str | None:
+    """``caught_up`` / ``trainer_failed`` / ``trainer_stopped_early``, or None to keep waiting.
+
+    When a trainer is followed, being caught up also needs it to have exited cleanly (its last
+    checkpoint and export are written after the final offsets are committed).
+    """
+    if rc is not None and rc != 0:
+        return "trainer_failed"
+    if lag <= max_lag and (rc == 0 or not following):
+        return "caught_up"
+    if rc == 0:
+        return "trainer_stopped_early"
+    return None
+
+
 class KafkaLagTrigger(BaseTrigger):
     """Fires when a consumer group's lag on a topic is at most ``max_lag`` messages, logging progress.
 
@@ -73,7 +99,7 @@ class KafkaLagTrigger(BaseTrigger):
 
     def __init__(self, *, topic: str, group_id: str, end: dict[str, int], start: dict[str, int] | None = None,
                  max_lag: int = 0, tokens_per_message: int = 0, kafka_config_id: str = "kafka_default",
-                 poll_interval: float = 10.0, deadline: float | None = None) -> None:
+                 poll_interval: float = 10.0, deadline: float | None = None, rc_file: str | None = None) -> None:
         super().__init__()
         self.topic = topic
         self.group_id = group_id
@@ -84,9 +110,10 @@ class KafkaLagTrigger(BaseTrigger):
         self.kafka_config_id = kafka_config_id
         self.poll_interval = poll_interval
         self.deadline = deadline
+        self.rc_file = rc_file
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("stoker_airflow.triggers.KafkaLagTrigger", {
+        return ("stoker_airflow.triggers.KafkaLagTrigger", {"rc_file": self.rc_file,
             "topic": self.topic, "group_id": self.group_id, "end": self.end, "start": self.start,
             "max_lag": self.max_lag, "tokens_per_message": self.tokens_per_message,
             "kafka_config_id": self.kafka_config_id, "poll_interval": self.poll_interval,
@@ -114,8 +141,9 @@ class KafkaLagTrigger(BaseTrigger):
             last = {"lag": report.lag, "lag_tokens": report.lag_tokens,
                     "consumed_fraction": report.consumed_fraction,
                     "partitions": {str(p.partition): p.lag for p in report.partitions}}
-            if report.lag <= self.max_lag:
-                yield TriggerEvent({"status": "caught_up", **last})
+            status = lag_status(report.lag, self.max_lag, trainer_exit(self.rc_file), self.rc_file is not None)
+            if status is not None:
+                yield TriggerEvent({"status": status, "rc": trainer_exit(self.rc_file), **last})
                 return
             if self.deadline is not None and time.time() >= self.deadline:
                 yield TriggerEvent({"status": "timeout", **last})

@@ -26,7 +26,7 @@ def test_every_dag_imports_without_errors():
     dag = bag.dags.get("refresh_sample")
     assert dag is not None
     order = [t.task_id for t in dag.topological_sort()]
-    assert order == ["await_source", "tokenize_publish", "await_published", "report"]
+    assert order == ["await_source", "tokenize_publish", "await_published", "train", "await_consumed", "report"]
     assert dag.default_args["retries"] == 2 and dag.default_args["retry_exponential_backoff"] is True
     assert set(dag.params) == {"source_uri", "seq_len", "spark_partitions"}
     assert dag.doc_md and "refresh" in dag.doc_md.lower()
@@ -75,7 +75,15 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     assert len(skafka.read_all(kafka_config, m.topic)) == m.sequences > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["sequences"] == m.sequences
-    assert {"await_source", "tokenize_publish", "await_published"} <= set(summary["stage_seconds"])
+    assert {"await_source", "tokenize_publish", "await_published", "train", "await_consumed"} <= set(
+        summary["stage_seconds"])
+    # the trainer consumed the whole run: consumed = published, the group's lag is 0
+    training = summary["training"]
+    assert training["sequences_consumed"] == training["sequences_published"] == m.sequences
+    assert training["world_size"] == 2 and training["last_loss"] < training["first_loss"]
+    committed = skafka.committed_offsets(kafka_config, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
+    assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
+    assert Path(training["loss_curve"]).stat().st_size > 0
     cli = subprocess.run([sys.executable, "-m", "stoker.cli", "runs", "show", "sample/2026-12-01", "--json"],
                          capture_output=True, text=True, check=True, env=os.environ.copy())
     assert json.loads(cli.stdout)["docs_kept"] == m.docs_kept
