@@ -25,7 +25,7 @@ export PYSPARK_PYTHON := $(BIN)/python
 help:
 	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
-	@echo "make bench  Spark tokenisation vs raw tokenizers encode_batch"
+	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap"
 	@echo "make lint   ruff + mypy on the core"
 	@echo "make clean  stop the embedded broker and remove .stoker/ (run state)"
 
@@ -74,6 +74,7 @@ lint: venv
 
 bench: setup
 	$(BIN)/python bench/tokenize_bench.py
+	$(BIN)/python bench/source_bench.py
 
 clean:
 	-$(BIN)/stoker kafka down

@@ -12,26 +12,11 @@ Prints tokens/s of each and their ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
-from stoker import paths
-
-
-def load_texts(corpus: Path) -> list[str]:
-    texts = []
-    for p in sorted(corpus.glob("*.jsonl")):
-        for raw in p.read_bytes().splitlines():
-            try:
-                t = json.loads(raw.decode("utf-8")).get("text")
-            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-                continue
-            if isinstance(t, str) and t.strip():
-                texts.append(t)
-    return texts
+from stoker import paths, sample
 
 
 def bench_raw(texts: list[str], tokenizer: str, batch: int) -> tuple[int, float]:
@@ -86,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     corpus = paths.state_dir() / "data" / "sample"
     tokenizer = str(paths.state_dir() / "tokenizers" / "sample-bpe-8192" / "tokenizer.json")
-    texts = load_texts(corpus) * args.repeat
+    texts = list(sample.texts(corpus)) * args.repeat
     mb = sum(len(t.encode()) for t in texts) / 1e6
     n_raw, t_raw = bench_raw(texts, tokenizer, args.batch)
     n_spark, t_spark = bench_spark(texts, tokenizer, args.cores, args.batch)

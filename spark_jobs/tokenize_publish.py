@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import re
 import time
 from datetime import UTC, datetime
@@ -260,20 +259,6 @@ def apply_overrides(cfg: CorpusConfig, args: argparse.Namespace) -> CorpusConfig
     return cfg
 
 
-def kafka_config_from_env() -> dict[str, Any]:
-    raw = os.environ.get("STOKER_KAFKA_CONFIG")
-    if not raw:
-        raise ConfigError("STOKER_KAFKA_CONFIG is not set: it must hold the Kafka client config as JSON, "
-                          'e.g. {"bootstrap.servers": "127.0.0.1:39092"}')
-    try:
-        conf = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"STOKER_KAFKA_CONFIG is not JSON: {e}") from None
-    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
-        raise ConfigError("STOKER_KAFKA_CONFIG must be a JSON object with 'bootstrap.servers'")
-    return conf
-
-
 def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
@@ -289,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
              .getOrCreate())
     try:
         m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
-                    kafka_config=kafka_config_from_env(), fail=fail)  # type: ignore[arg-type]
+                    kafka_config=skafka.config_from_env(), fail=fail)  # type: ignore[arg-type]
     finally:
         spark.stop()
     log.info("published %d sequences (%d tokens) of %d/%d docs to %s", m.sequences, m.tokens,

@@ -33,6 +33,26 @@ def _wait(futures: Mapping[Any, Any], what: str, timeout: float = TIMEOUT_S) -> 
     return out
 
 
+def config_from_env(var: str = "STOKER_KAFKA_CONFIG") -> dict[str, Any]:
+    """The client config handed to a Spark job or a trainer in the environment (never on a command line)."""
+    import json
+    import os
+
+    from stoker.exceptions import ConfigError
+
+    raw = os.environ.get(var)
+    if not raw:
+        raise ConfigError(f"{var} is not set: it must hold the Kafka client config as JSON, "
+                          'e.g. {"bootstrap.servers": "127.0.0.1:39092"}')
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{var} is not JSON: {e}") from None
+    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
+        raise ConfigError(f"{var} must be a JSON object with 'bootstrap.servers'")
+    return conf
+
+
 def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> int:
     """Number of brokers; raises a clear error when none answers within ``timeout`` seconds."""
     from confluent_kafka import KafkaException

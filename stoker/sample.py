@@ -130,7 +130,8 @@ def write_corpus(out: Path, shards: int = 4, max_docstring_bytes: int = 2_500_00
             "bytes": sum((out / f).stat().st_size for f in files)}
 
 
-def _texts(corpus: Path) -> Iterator[str]:
+def texts(corpus: Path) -> Iterator[str]:
+    """The non-blank texts of a JSONL corpus folder (bad lines skipped)."""
     for p in sorted(corpus.glob("*.jsonl")):
         for raw in p.read_bytes().splitlines():
             try:
@@ -160,7 +161,7 @@ def train_tokenizer(corpus: Path, out: Path, vocab_size: int = 8192) -> dict:
         vocab_size=vocab_size, special_tokens=[EOS, PAD], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_texts(corpus), trainer=trainer)
+    tok.train_from_iterator(texts(corpus), trainer=trainer)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "tokenizer.json"
     tok.save(str(path))

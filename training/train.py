@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stoker import kafka as skafka
 from stoker.manifest import Manifest, read_manifest
 from training import checkpoint
 from training.recipes import TrainRecipe, get_recipe
@@ -100,7 +101,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         recipe.checkpoint_every = args.checkpoint_every
     out, ckpt_dir = Path(args.out), Path(args.out) / "checkpoints"
     out.mkdir(parents=True, exist_ok=True)
-    kafka_config = kafka_config_from_env()
+    kafka_config = skafka.config_from_env()
     group_id = args.group_id or f"stoker-train.{manifest.topic}"
     eos_id, pad_id = special_ids(manifest)
     seq_len = manifest.seq_len
@@ -212,14 +213,6 @@ def export(model: Any, manifest: Manifest, out: Path) -> dict[str, str]:
     model.save_pretrained(str(path), safe_serialization=True)
     shutil.copy(manifest.tokenizer_path, path / "tokenizer.json")
     return {"export": str(path)}
-
-
-def kafka_config_from_env() -> dict[str, Any]:
-    raw = os.environ.get("STOKER_KAFKA_CONFIG")
-    if not raw:
-        raise SystemExit('STOKER_KAFKA_CONFIG must hold the Kafka client config JSON, e.g. '
-                         '{"bootstrap.servers": "127.0.0.1:39092"}')
-    return json.loads(raw)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,0 +1,110 @@
+"""The Kafka token source next to a numpy memmap reader of the same sequences, same batches.
+
+    .stoker/venv/bin/python bench/source_bench.py [--sequences 20000] [--seq-len 256] [--batch 8]
+
+Publishes N random packed sequences (uint16, two documents each) to a fresh topic of the embedded
+broker (started if needed) with the production record format, and writes the same sequences to a
+.npy file. Then reads both into training batches (inputs, labels, per-document position ids):
+KafkaTokenSource (read_committed consumer, decode, make_batch) against np.load(mmap_mode="r")
+slices through the same make_batch. Prints tokens/s of each and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stoker import kafka as skafka
+from stoker import records, stack
+from stoker.manifest import Manifest, PartitionRange
+from stoker.records import PackedSequence
+from training.data.batch import make_batch
+from training.data.kafka_source import KafkaTokenSource
+
+
+def publish(config: dict, topic: str, data: np.ndarray, partitions: int) -> Manifest:
+    from confluent_kafka import Producer
+
+    skafka.recreate_topic(config, topic, partitions)
+    producer = Producer({**config, "transactional.id": topic, "acks": "all", "compression.type": "zstd",
+                         "linger.ms": 20})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    counts = [0] * partitions
+    starts = [0, data.shape[1] // 3]
+    for i, row in enumerate(data):
+        p = i % partitions
+        while True:
+            try:
+                producer.produce(topic, key=records.make_key(0, i), value=records.encode_value(row, "uint16"),
+                                 partition=p, headers=records.encode_headers("bench", "uint16", doc_starts=starts))
+                break
+            except BufferError:
+                producer.poll(0.2)
+        counts[p] += 1
+    producer.commit_transaction(60)
+    ends = skafka.stable_end_offsets(config, topic)
+    seq_len = data.shape[1] - 1
+    return Manifest(run_id="bench", corpus="bench", ds="2026-12-02", topic=topic,
+                    partitions=[PartitionRange(partition=p, start_offset=0, end_offset=ends[p], sequences=counts[p])
+                                for p in range(partitions)],
+                    seq_len=seq_len, dtype="uint16", tokenizer_path="", tokenizer_sha256="", vocab_size=8192,
+                    docs_in=0, docs_kept=0, docs_dropped={}, tokens=data.size, padding_tokens=0,
+                    sequences=len(data), source_uri="bench")
+
+
+def read_kafka(config: dict, m: Manifest, batch: int) -> tuple[int, float]:
+    src = KafkaTokenSource(kafka_config=config, manifest=m, rank=0, world=1, batch_size=batch,
+                           group_id="stoker-bench")
+    tokens, t0 = 0, time.perf_counter()
+    while (pending := src.next_batch()) is not None:
+        src.commit(pending)
+        tokens += pending.batch.input_ids.size
+    dt = time.perf_counter() - t0
+    src.close()
+    return tokens, dt
+
+
+def read_memmap(path: Path, batch: int, seq_len: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    mm = np.load(path, mmap_mode="r")
+    starts = np.array([0, mm.shape[1] // 3], dtype="<u4")
+    tokens = 0
+    for i in range(0, len(mm), batch):
+        rows = mm[i:i + batch]
+        b = make_batch([PackedSequence(tokens=r, run_id="bench", doc_starts=starts) for r in rows],
+                       [b""] * len(rows), seq_len)
+        tokens += b.input_ids.size
+    return tokens, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sequences", type=int, default=20000)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--partitions", type=int, default=4)
+    args = ap.parse_args()
+    config = stack.up().client_config()
+    data = np.random.default_rng(0).integers(0, 8192, (args.sequences, args.seq_len + 1), dtype=np.uint16)
+    m = publish(config, "stoker.bench.source", data, args.partitions)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "seqs.npy"
+        np.save(path, data)
+        n_mm, t_mm = read_memmap(path, args.batch, args.seq_len)
+        n_kf, t_kf = read_kafka(config, m, args.batch)
+    assert n_mm == n_kf == args.sequences * args.seq_len, (n_mm, n_kf)
+    print(f"{args.sequences} sequences x {args.seq_len + 1} uint16, batches of {args.batch}, "
+          f"{args.partitions} partitions (zstd)")
+    print(f"numpy memmap reader  : {n_mm / t_mm:14,.0f} tokens/s  ({t_mm:.2f} s)")
+    print(f"KafkaTokenSource     : {n_kf / t_kf:14,.0f} tokens/s  ({t_kf:.2f} s)")
+    print(f"ratio kafka / memmap : {t_mm / t_kf:.2f}x")
+    skafka.delete_topics(config, [m.topic])
+
+
+if __name__ == "__main__":
+    main()
