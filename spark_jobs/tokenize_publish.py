@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import re
+import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -183,6 +184,12 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     # same name (a re-run date, a reset metadata DB) and must not mix with this run's sequences.
     skafka.recreate_topic(kafka_config, topic, cfg.topic.partitions, cfg.topic.replication_factor,
                           topic_config(cfg))
+    # ...and so must a trainer's checkpoints for that name (a second DAG run of the same date reuses
+    # `.a1`): offsets into the old data mean nothing in the new one.
+    stale_train = run_dir / "train" / topic
+    if stale_train.exists():
+        log.info("removing trainer state of an earlier publication of %s: %s", topic, stale_train)
+        shutil.rmtree(stale_train)
     skafka.recreate_topic(kafka_config, tasks_topic(topic), 1, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
     kept = (staged.filter(F.col("reason").isNull()).select("digest", "source", "line", "text")

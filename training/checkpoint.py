@@ -51,8 +51,15 @@ def has_checkpoint(ckpt_dir: Path) -> bool:
     return (ckpt_dir / "latest").is_file()
 
 
-def load(engine: Any, ckpt_dir: Path) -> dict[str, Any]:
-    """Load the latest checkpoint; the optimizer too where DeepSpeed can (else say so and go on)."""
+def manifest_identity(manifest: Any) -> str:
+    """Which publication a checkpoint's offsets refer to: a re-run recreates a topic of the same name
+    with other data, and offsets into the old one mean nothing in the new one."""
+    return f"{manifest.run_id}@{manifest.created_at}"
+
+
+def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dict[str, Any]:
+    """Load the latest checkpoint; the optimizer too where DeepSpeed can (else say so and go on).
+    A checkpoint written for another publication of the topic (``expect_manifest``) is refused."""
     try:
         path, client = engine.load_checkpoint(str(ckpt_dir))
     except Exception as e:  # noqa: BLE001 - a ZeRO-partitioned optimizer saved at another world size
@@ -62,9 +69,19 @@ def load(engine: Any, ckpt_dir: Path) -> dict[str, Any]:
                                               load_lr_scheduler_states=True)
     if path is None:
         raise RuntimeError(f"no loadable checkpoint in {ckpt_dir}")
+    found = client.get("manifest")
+    if expect_manifest is not None and found is not None and found != expect_manifest:
+        from stoker.exceptions import StokerError
+
+        raise StokerError(
+            f"checkpoint {path} was written for publication {found!r} of the topic, but the manifest is now "
+            f"{expect_manifest!r}: the topic was re-published since and its old offsets mean nothing in the new "
+            f"data. Remove {ckpt_dir} to train the new publication from scratch (tokenize_publish does this "
+            "itself when it re-publishes a topic).")
     saved_world = client["data"]["assignment"]["world"]
     if saved_world != engine.world_size:
         log.warning("resuming a world-size-%d checkpoint at world size %d: partitions reassigned, each keeps "
                     "its offset", saved_world, engine.world_size)
     log.info("resumed from %s at step %d", path, client["step"])
     return client
+

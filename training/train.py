@@ -116,8 +116,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                               batch_size=recipe.micro_batch_size, group_id=group_id)
     step, first_loss = 0, None
     done_sequences = done_tokens = 0  # over every session of this run, restored from the checkpoint
+    run_identity = checkpoint.manifest_identity(manifest)
+
+    def progress() -> dict[str, Any]:
+        return {"first_loss": first_loss, "sequences": done_sequences, "tokens": done_tokens,
+                "manifest": run_identity}
+
     if checkpoint.has_checkpoint(ckpt_dir):
-        client = checkpoint.load(engine, ckpt_dir)
+        client = checkpoint.load(engine, ckpt_dir, expect_manifest=run_identity)
         source.load_state_dict(client["data"])
         step, first_loss = client["step"], client.get("first_loss")
         done_sequences, done_tokens = client.get("sequences", 0), client.get("tokens", 0)
@@ -175,15 +181,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                            "data_wait_fraction": (source.wait_seconds - w0) / dt, **balance_stats(expert)})
         if engine.is_gradient_accumulation_boundary() and engine.global_steps % recipe.checkpoint_every == 0:
             data = checkpoint.save(engine, source, step, ckpt_dir, kafka_config=kafka_config, group_id=group_id,
-                                   extra={"first_loss": first_loss, "sequences": done_sequences,
-                                          "tokens": done_tokens})
+                                   extra=progress())
             saved_step = step
 
     # -- the end: last checkpoint, export, summary ----------------------------------------------------------
     if saved_step != step:
         data = checkpoint.save(engine, source, step, ckpt_dir, kafka_config=kafka_config, group_id=group_id,
-                               extra={"first_loss": first_loss, "sequences": done_sequences,
-                                          "tokens": done_tokens})
+                               extra=progress())
     elapsed = time.perf_counter() - t_start
     waits = torch.tensor([source.wait_seconds - wait_start], dtype=torch.float64)
     dist.all_reduce(waits)

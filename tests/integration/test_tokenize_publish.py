@@ -155,8 +155,14 @@ def test_rerun_under_the_same_topic_replaces_it(spark, kafka_config, small_cfg, 
     topic = "stoker.test.20261204.a1"
     first = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
                     kafka_config=kafka_config)
+    # a trainer had checkpointed offsets into the first publication of this topic name
+    stale = tmp_path / "run" / "train" / topic / "checkpoints"
+    stale.mkdir(parents=True)
+    (stale / "latest").write_text("step00000007")
     again = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
                     kafka_config=kafka_config)
     msgs = skafka.read_all(kafka_config, topic)
     assert len(msgs) == again.sequences == first.sequences
     assert len({x.key() for x in msgs}) == len(msgs)
+    # ...and its checkpoints are gone with the old data: the next trainer starts on the new one
+    assert not (tmp_path / "run" / "train" / topic).exists()

@@ -3,6 +3,7 @@ once, a kill -9 resumes exactly from the checkpoint, and a 2-rank checkpoint res
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -163,3 +164,11 @@ def test_resume_two_ranks_on_one_rank(run, tmp_path):
     second = [k for ks in _keys_by_step(out).values() for k in ks]
     assert len(first) == 16
     assert sorted(first + second) == _all_keys(m)
+
+    # the topic is re-published under the same name (a second DAG run of the date): the old
+    # checkpoint's offsets must not be applied to the new data
+    write_manifest(path.parent, dataclasses.replace(m, created_at="2026-12-02T00:00:00+00:00"))
+    proc = _launch(path, out, kafka_config, 1)
+    assert proc.wait(timeout=600) != 0
+    log = max(out.glob("launch-*.log"), key=lambda p: p.stat().st_mtime_ns).read_text()
+    assert "re-published" in log and str(out / "checkpoints") in log
