@@ -20,12 +20,14 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: help setup check-tools venv kafka-jars sample run test test-unit lint bench up down clean
+.PHONY: help setup check-tools stack-deps browser-deps venv kafka-jars sample run test test-unit lint bench up down clean
 
 help:
 	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
 	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap"
+	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
+	@echo "make down   stop exactly what make up started"
 	@echo "make lint   ruff + mypy on the core"
 	@echo "make clean  stop the embedded broker and remove .stoker/ (run state)"
 
@@ -36,6 +38,21 @@ check-tools:
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || { echo "setup: Java 17+ is required, found: $$(java -version 2>&1 | head -1)"; exit 1; }
 	@command -v mvn >/dev/null || { echo "setup: mvn not found: install Maven (Debian: apt-get install maven)"; exit 1; }
 	@command -v $(PY) >/dev/null || { echo "setup: $(PY) not found: install Python 3.11"; exit 1; }
+
+# Debian packages the stack needs: PostgreSQL (Airflow's metadata DB for `make up`) and, for the
+# browser test, Chromium (driven by Playwright through executable_path; no browser is ever downloaded).
+# Installed with apt-get when run as root; otherwise a clear message says what to install.
+APT_INSTALL = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "setup: installing $(1) with apt-get"; \
+	  { apt-get install -y -q --no-install-recommends $(1) >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; }; \
+	else echo "setup: $(2) not found: install it (Debian: sudo apt-get install $(1))"; exit 1; fi
+
+stack-deps:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { $(call APT_INSTALL,postgresql,PostgreSQL's initdb); }
+
+browser-deps:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ -n "$$STOKER_CHROMIUM" ] || { $(call APT_INSTALL,chromium,chromium); }
 
 # The venv is rebuilt only when requirements.lock or pyproject.toml change (their hash is the stamp).
 venv: $(VENV)/.stamp
@@ -62,7 +79,7 @@ $(STATE)/data/sample/_SUCCESS: stoker/sample.py | venv
 run: setup
 	$(BIN)/stoker refresh sample --ds $${DS:-$$(date -u +%F)}
 
-test: setup
+test: setup stack-deps browser-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
@@ -76,6 +93,13 @@ bench: setup
 	$(BIN)/python bench/tokenize_bench.py
 	$(BIN)/python bench/source_bench.py
 
+up: setup stack-deps
+	$(BIN)/stoker up
+
+down:
+	@test -x $(BIN)/stoker || { echo "down: nothing to stop (no $(BIN)/stoker)"; exit 0; }; $(BIN)/stoker down
+
 clean:
+	-$(BIN)/stoker down
 	-$(BIN)/stoker kafka down
 	rm -rf $(STATE)

@@ -1,6 +1,7 @@
 """The ``stoker`` command line.
 
-  stoker kafka up|down|status        the embedded single-node KRaft broker
+  stoker up | down | status          the whole local stack: Kafka, PostgreSQL, Airflow (UI on :8080)
+  stoker kafka up|down|status        the embedded single-node KRaft broker alone
   stoker sample-corpus               make the sample corpus and train its tokenizer (offline)
   stoker refresh <corpus> [--ds D]   run refresh_<corpus> once through Airflow (dags test), then summarise
   stoker runs show [RUN] [--latest] [--json]
@@ -28,6 +29,43 @@ def _kafka(args: argparse.Namespace) -> int:
         print("kafka stopped" if stack.down() else "kafka was not running")
     else:
         print(stack.status_json())
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from stoker import services
+
+    s = services.up()
+    print()
+    print(f"Airflow UI   {s.api_url}  (log in as {services.ADMIN_USER}, password: "
+          f"{services.admin_password(s)}; kept in {s.passwords_file})")
+    print("Trigger      open refresh_sample, press Trigger; or: stoker refresh sample (no scheduler needed)")
+    print("Backfill     .stoker/venv/bin/stoker airflow backfill create --dag-id refresh_sample "
+          "--from-date 2026-11-28 --to-date 2026-11-30")
+    print("Stop         make down")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from stoker import services
+
+    services.down()
+    return 0
+
+
+def _airflow(args: argparse.Namespace) -> int:
+    """The airflow CLI against the local stack's metadata database (same env as the stack)."""
+    from stoker import services
+
+    env = {**os.environ, **services.airflow_stack_env(services.default_stack())}
+    argv = args.args[1:] if args.args[:1] == ["--"] else args.args
+    return subprocess.run([sys.executable, "-m", "airflow", *argv], env=env).returncode
+
+
+def _status(args: argparse.Namespace) -> int:
+    from stoker import services
+
+    print(json.dumps(services.status(), indent=2))
     return 0
 
 
@@ -74,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="stoker", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, fn, text in (("up", _up, "start Kafka, PostgreSQL and Airflow; print the UI address and login"),
+                           ("down", _down, "stop exactly what `stoker up` started"),
+                           ("status", _status, "pids and health of the local stack")):
+        sub.add_parser(name, help=text).set_defaults(fn=fn)
+    a = sub.add_parser("airflow", help="the airflow CLI with the local stack's environment "
+                       "(e.g. stoker airflow backfill create --dag-id refresh_sample --from-date D --to-date D)")
+    a.add_argument("args", nargs=argparse.REMAINDER)
+    a.set_defaults(fn=_airflow)
     k = sub.add_parser("kafka", help="the embedded Kafka broker")
     k.add_argument("action", choices=["up", "down", "status"])
     k.set_defaults(fn=_kafka)
