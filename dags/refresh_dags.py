@@ -7,14 +7,16 @@ naming the field, the value and the fix.
 
 from __future__ import annotations
 
+import json
+import os
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from stoker import paths
 from stoker.config import CorpusConfig, load_all
 from stoker_airflow.callbacks import stage_finished, stage_started
-from stoker_airflow.operators import DeepSpeedTrainOperator, TokenizePublishOperator
+from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
 
 # The run's date: the logical date, or the run_after date of a run triggered without one.
@@ -43,18 +45,41 @@ Print a run's summary with `stoker runs show {name}/<date>`.
 
 def _params(cfg: CorpusConfig) -> dict[str, Param]:
     return {
-        "source_uri": Param(cfg.source.uri, type="string", minLength=1,
-                            description="Where this run reads raw text ({ds} selects the night)."),
-        "seq_len": Param(cfg.pack.seq_len, type="integer", minimum=2, maximum=1_048_576,
-                         description="Tokens per packed training sequence (each record holds seq_len+1)."),
-        "spark_partitions": Param(cfg.publish.spark_partitions, type="integer", minimum=1, maximum=100_000,
-                                  description="Spark tasks that pack and publish (one Kafka transaction each)."),
+        "source_uri": Param(
+            cfg.source.uri, type="string", minLength=1, title="Source",
+            description=("Where this run reads raw text: a folder or file://, s3://, hdfs:// URI. {ds} / "
+                         "{ds_nodash} become the run's date (its night's drop); {state} is .stoker/."),
+            section="Source"),
+        "seq_len": Param(
+            cfg.pack.seq_len, type="integer", minimum=2, maximum=1_048_576, title="Sequence length",
+            description=("Tokens per packed training sequence; each Kafka record holds seq_len+1 token ids. "
+                         "Documents are packed back to back with EOS between them and never attend across."),
+            section="Packing"),
+        "spark_partitions": Param(
+            cfg.publish.spark_partitions, type="integer", minimum=1, maximum=100_000, title="Spark partitions",
+            description=("Spark tasks that pack and publish, each one Kafka transaction (a retried task is "
+                         "fenced, so nothing is published twice). More partitions = more parallelism."),
+            section="Packing"),
     }
+
+
+def _assets(cfg: CorpusConfig) -> tuple[Asset, Asset, Asset]:
+    """The corpus source, the run topics and the trained model, so lineage shows in the UI's Assets view."""
+    src = cfg.source.uri.split("{ds", 1)[0]
+    src = paths.expand(src) if "://" in src else "file://" + str(paths.resolve_local(src))
+    bootstrap = json.loads(os.environ.get("AIRFLOW_CONN_KAFKA_DEFAULT", "{}") or "{}").get(
+        "extra", {}).get("bootstrap.servers", "127.0.0.1:39092").split(",")[0]
+    return (Asset(name=f"stoker.{cfg.name}.source", uri=src.rstrip("/") + "/", group="corpus"),
+            Asset(name=f"stoker.{cfg.name}.sequences", uri=f"kafka://{bootstrap}/stoker.{cfg.name}",
+                  group="sequences"),
+            Asset(name=f"stoker.{cfg.name}.model", uri=f"file://{paths.runs_dir()}/{cfg.name}/", group="model"))
 
 
 def build_dag(cfg: CorpusConfig) -> DAG:
     run_dir = f"{paths.runs_dir()}/{cfg.name}/{DS}"
+    manifest = f"{run_dir}/manifest.json"
     s = cfg.schedule
+    source_asset, topic_asset, model_asset = _assets(cfg)
     default_args = {
         "retries": s.retries,
         "retry_delay": timedelta(seconds=s.retry_delay_s),
@@ -65,7 +90,7 @@ def build_dag(cfg: CorpusConfig) -> DAG:
     }
     with DAG(
         dag_id=f"refresh_{cfg.name}",
-        description=f"Refresh of corpus {cfg.name}: source → Spark → Kafka",
+        description=f"Refresh of corpus {cfg.name}: source → Spark → Kafka → DeepSpeed",
         schedule=s.cron,
         start_date=datetime.combine(s.start_date, datetime.min.time(), tzinfo=UTC),
         catchup=s.catchup,
@@ -79,43 +104,41 @@ def build_dag(cfg: CorpusConfig) -> DAG:
         await_source = SourceReadySensor(
             task_id="await_source", uri=SOURCE_URI,
             success_marker=cfg.source.success_marker, poke_interval=cfg.source.poke_interval_s,
-            timeout=cfg.source.timeout_s, mode="reschedule",
+            timeout=cfg.source.timeout_s, mode="reschedule", inlets=[source_asset],
+            doc_md="Waits until the night's drop is complete (its success marker is present).",
         )
-        publish = TokenizePublishOperator(
-            task_id="tokenize_publish",
-            corpus_path=str(paths.corpora_dir() / f"{cfg.name}.yaml"),
-            ds=DS, topic=f"stoker.{cfg.name}.{DS_NODASH}.a{{{{ ti.try_number }}}}", run_dir=run_dir,
-            extra_args=["--source-uri", "{{ params.source_uri }}", "--seq-len", "{{ params.seq_len }}",
-                        "--spark-partitions", "{{ params.spark_partitions }}"],
-            name=f"stoker-{cfg.name}",
-        )
-        await_published = KafkaPublishedSensor(
-            task_id="await_published", manifest_path=f"{run_dir}/manifest.json", poll_interval=2, timeout=600,
-        )
-
-        train = DeepSpeedTrainOperator(
-            task_id="train", manifest_path=f"{run_dir}/manifest.json", out_dir=f"{run_dir}/train",
-            recipe=cfg.train.recipe, world_size=cfg.train.world_size,
-        )
-        await_consumed = KafkaLagSensor(
-            task_id="await_consumed", manifest_path=f"{run_dir}/manifest.json", trainer_dir=f"{run_dir}/train",
-            max_lag=0, poll_interval=5, timeout=cfg.train.timeout_s,
-        )
-
-        @task(task_id="report")
-        def report(run_dir: str) -> dict:
-            """Write summary.json next to the manifest and log the run summary."""
-            from pathlib import Path
-
-            from stoker.manifest import atomic_write_json
-            from stoker.runs import render, summary
-
-            s = summary(Path(run_dir))
-            atomic_write_json(Path(run_dir) / "summary.json", s)
-            print(render(s))
-            return {k: s[k] for k in ("run_id", "topic", "docs_in", "docs_kept", "tokens", "sequences")}
-
-        await_source >> publish >> await_published >> train >> await_consumed >> report(run_dir)
+        with TaskGroup("publish", tooltip="Spark tokenise-and-publish, then check Kafka holds it all") as publish:
+            tokenize_publish = TokenizePublishOperator(
+                task_id="tokenize_publish",
+                corpus_path=str(paths.corpora_dir() / f"{cfg.name}.yaml"),
+                ds=DS, topic=f"stoker.{cfg.name}.{DS_NODASH}.a{{{{ ti.try_number }}}}", run_dir=run_dir,
+                extra_args=["--source-uri", "{{ params.source_uri }}", "--seq-len", "{{ params.seq_len }}",
+                            "--spark-partitions", "{{ params.spark_partitions }}"],
+                name=f"stoker-{cfg.name}", inlets=[source_asset], outlets=[topic_asset],
+                doc_md=("spark-submit spark_jobs/tokenize_publish.py: validate, normalise, dedup, tokenise, "
+                        "pack and publish to a topic of this attempt; the manifest is written last."),
+            )
+            await_published = KafkaPublishedSensor(
+                task_id="await_published", manifest_path=manifest, poll_interval=2, timeout=600,
+                doc_md="The topic's committed end offsets equal the manifest's (deferred to the triggerer).",
+            )
+            tokenize_publish >> await_published
+        with TaskGroup("training", tooltip="DeepSpeed trains on the run's topic; follow its consumer lag") as training:
+            train = DeepSpeedTrainOperator(
+                task_id="train", manifest_path=manifest, out_dir=f"{run_dir}/train",
+                recipe=cfg.train.recipe, world_size=cfg.train.world_size, inlets=[topic_asset],
+                doc_md="Launches the trainer detached (torchrun); a retry follows a trainer still running.",
+            )
+            await_consumed = KafkaLagSensor(
+                task_id="await_consumed", manifest_path=manifest, trainer_dir=f"{run_dir}/train",
+                max_lag=0, poll_interval=5, timeout=cfg.train.timeout_s, outlets=[model_asset],
+                doc_md="The training group's lag reaches 0 (progress as % of the run's tokens); fails if the "
+                       "trainer exits early.",
+            )
+            train >> await_consumed
+        report = RunReportOperator(task_id="report", run_dir=run_dir,
+                                   doc_md="Writes summary.json; links to the run summary and the loss curve.")
+        await_source >> publish >> training >> report
     return dag
 
 

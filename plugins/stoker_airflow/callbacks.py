@@ -17,7 +17,8 @@ def run_ds(context: Any) -> str:
 
 def _record(context: Any, event: str) -> None:
     corpus = context["dag"].dag_id.removeprefix("refresh_")
-    record_stage(paths.run_dir(corpus, run_ds(context)), context["task"].task_id, event, run=context["run_id"])
+    stage = context["task"].task_id.rsplit(".", 1)[-1]  # without its task group's prefix
+    record_stage(paths.run_dir(corpus, run_ds(context)), stage, event, run=context["run_id"])
 
 
 def stage_started(context: Any) -> None:

@@ -26,9 +26,21 @@ def test_every_dag_imports_without_errors():
     dag = bag.dags.get("refresh_sample")
     assert dag is not None
     order = [t.task_id for t in dag.topological_sort()]
-    assert order == ["await_source", "tokenize_publish", "await_published", "train", "await_consumed", "report"]
+    assert order == ["await_source", "publish.tokenize_publish", "publish.await_published", "training.train",
+                     "training.await_consumed", "report"]
+    assert set(dag.task_group.children) == {"await_source", "publish", "training", "report"}
+    # lineage: source -> tokenize_publish -> topic -> train; the model is await_consumed's outlet
+    tasks = dag.task_dict
+    assert [a.name for a in tasks["publish.tokenize_publish"].inlets] == ["stoker.sample.source"]
+    assert [a.name for a in tasks["publish.tokenize_publish"].outlets] == ["stoker.sample.sequences"]
+    assert tasks["publish.tokenize_publish"].outlets[0].uri.startswith("kafka://127.0.0.1:")
+    assert [a.name for a in tasks["training.train"].inlets] == ["stoker.sample.sequences"]
+    assert [a.name for a in tasks["training.await_consumed"].outlets] == ["stoker.sample.model"]
+    assert {link.name for link in tasks["report"].operator_extra_links} == {"Run summary", "Loss curve"}
     assert dag.default_args["retries"] == 2 and dag.default_args["retry_exponential_backoff"] is True
     assert set(dag.params) == {"source_uri", "seq_len", "spark_partitions"}
+    for name, param in dag.params.items():  # the trigger form shows a title and a description for each
+        assert param.schema.get("title") and len(param.description or "") > 40, name
     assert dag.doc_md and "refresh" in dag.doc_md.lower()
 
 

@@ -1,0 +1,140 @@
+"""Run summaries and loss curves in the Airflow UI: a FastAPI app the API server mounts at ``/stoker``.
+
+* ``/stoker/``                               every run of every corpus, newest first
+* ``/stoker/runs/<corpus>/<ds>``             one run's summary (HTML) with its loss curve
+* ``/stoker/runs/<corpus>/<ds>/summary.json`` the same as JSON (``stoker runs show --json``)
+* ``/stoker/runs/<corpus>/<ds>/loss.png``    the trainer's loss curve
+* ``/stoker/dag-runs/<dag_id>/<run_id>``     the run of an Airflow DAG run (the "Run summary" tab)
+
+Every route requires a logged-in Airflow user (the UI's session cookie or a bearer token).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+async def require_login(request: Request) -> None:
+    """A logged-in Airflow user: a bearer token, else the UI's session cookie (401/403 otherwise)."""
+    from airflow.api_fastapi.core_api.security import COOKIE_NAME_JWT_TOKEN, resolve_user_from_token
+
+    auth = request.headers.get("authorization", "")
+    token = auth[7:] if auth.lower().startswith("bearer ") else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    await resolve_user_from_token(token)
+
+
+def _run_dir(corpus: str, ds: str) -> Path:
+    from stoker import paths
+
+    if not (_SAFE.match(corpus) and _SAFE.match(ds)):
+        raise HTTPException(400, f"bad run reference {corpus!r}/{ds!r}")
+    d = paths.run_dir(corpus, ds)
+    if not (d / "manifest.json").is_file():
+        raise HTTPException(404, f"run {corpus}/{ds} has no manifest yet ({d}): it has not published")
+    return d
+
+
+def run_for_dag_run(dag_id: str, run_id: str) -> Path | None:
+    """The run folder a DAG run wrote: its stage timings carry the Airflow run id."""
+    import json
+
+    from stoker import paths
+
+    corpus = dag_id.removeprefix("refresh_")
+    for timings in sorted((paths.runs_dir() / corpus).glob("*/timings.json"), reverse=True):
+        try:
+            data = json.loads(timings.read_text())
+        except (OSError, ValueError):
+            continue
+        if any(isinstance(row, dict) and row.get("run") == run_id for row in data.values()):
+            return timings.parent
+    return None
+
+
+def _page(title: str, body: str) -> HTMLResponse:
+    return HTMLResponse(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}pre{background:#f6f8fa;"
+        "padding:1rem;overflow:auto}table{border-collapse:collapse}td,th{padding:.3rem .8rem;"
+        "border-bottom:1px solid #ddd;text-align:left}img{max-width:100%}</style></head>"
+        f"<body><h2>{html.escape(title)}</h2>{body}</body></html>")
+
+
+def _summary_html(run_dir: Path) -> HTMLResponse:
+    from stoker.runs import render, summary
+
+    s = summary(run_dir)
+    corpus, ds = run_dir.parent.name, run_dir.name
+    body = f"<pre>{html.escape(render(s))}</pre>"
+    if s.get("training") and s["training"].get("loss_curve"):
+        body += f"<h3>Loss</h3><img alt='loss curve' src='/stoker/runs/{corpus}/{ds}/loss.png'>"
+    else:
+        body += "<p>Training has not finished yet: the loss curve appears when it has.</p>"
+    body += (f"<p><a href='/stoker/runs/{corpus}/{ds}/summary.json'>summary.json</a> · "
+             "<a href='/stoker/'>all runs</a></p>")
+    return _page(f"Run {corpus}/{ds}", body)
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="Stoker runs", dependencies=[Depends(require_login)])
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> HTMLResponse:
+        from stoker.runs import all_runs, summary
+
+        rows = []
+        for d in all_runs():
+            try:
+                s = summary(d)
+            except Exception:  # noqa: BLE001 - a run still publishing has no manifest
+                continue
+            t = s.get("training") or {}
+            rows.append(f"<tr><td><a href='/stoker/runs/{d.parent.name}/{d.name}'>{d.parent.name}/{d.name}</a></td>"
+                        f"<td>{html.escape(s['topic'])}</td><td>{s['sequences']}</td>"
+                        f"<td>{t.get('sequences_consumed', '-')}</td><td>{t.get('last_loss') or '-'}</td></tr>")
+        table = ("<table><tr><th>run</th><th>topic</th><th>sequences</th><th>consumed</th><th>last loss</th></tr>"
+                 + "".join(rows) + "</table>") if rows else "<p>No run has published yet.</p>"
+        return _page("Stoker runs", table)
+
+    @app.get("/runs/{corpus}/{ds}", response_class=HTMLResponse)
+    def run_page(corpus: str, ds: str) -> HTMLResponse:
+        return _summary_html(_run_dir(corpus, ds))
+
+    @app.get("/runs/{corpus}/{ds}/summary.json")
+    def run_json(corpus: str, ds: str) -> JSONResponse:
+        from stoker.runs import summary
+
+        return JSONResponse(summary(_run_dir(corpus, ds)))
+
+    @app.get("/runs/{corpus}/{ds}/loss.png")
+    def loss_png(corpus: str, ds: str) -> FileResponse:
+        from stoker.runs import summary
+
+        t = summary(_run_dir(corpus, ds)).get("training") or {}
+        if not t.get("loss_curve") or not Path(t["loss_curve"]).is_file():
+            raise HTTPException(404, f"run {corpus}/{ds} has no loss curve yet: training has not finished")
+        return FileResponse(t["loss_curve"], media_type="image/png")
+
+    @app.get("/dag-runs/{dag_id}/{run_id}/loss.png")
+    def dag_run_loss(dag_id: str, run_id: str) -> FileResponse:
+        d = run_for_dag_run(dag_id, run_id)
+        if d is None:
+            raise HTTPException(404, f"{dag_id} {run_id} has not published yet")
+        return loss_png(d.parent.name, d.name)
+
+    @app.get("/dag-runs/{dag_id}/{run_id}", response_class=HTMLResponse)
+    def dag_run_page(dag_id: str, run_id: str) -> HTMLResponse:
+        d = run_for_dag_run(dag_id, run_id)
+        if d is None or not (d / "manifest.json").is_file():
+            return _page(f"{dag_id} {run_id}", "<p>This run has not published yet: its summary appears once "
+                         "tokenize_publish has written the manifest.</p>")
+        return _summary_html(d)
+
+    return app
