@@ -1,0 +1,358 @@
+"""Airflow operations as users run them, against the real stack (`stoker up` = `make up`):
+PostgreSQL, api-server, scheduler, dag-processor, triggerer with LocalExecutor, Kafka, Spark, DeepSpeed.
+
+The tests share one stack and run in file order: a refresh triggered from the UI in headless
+Chromium, the scheduled nightly run, a CLI backfill of three nights and the re-run of one, a run
+without a logical date, and last `stoker down` leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stoker import kafka as skafka
+from stoker.manifest import read_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+STACK_HOME = Path(os.environ["STOKER_HOME"]) / "stack-it"  # inside the suite's state folder
+PORTS = {"STOKER_KAFKA_PORT": "39292", "STOKER_API_PORT": "38080", "STOKER_PG_PORT": "39532"}
+NIGHTLY = """\
+name: nightly
+description: One folder of documents per night; the test corpus of schedules and backfills.
+source:
+  uri: "{state}/data/nightly/{ds}"
+  format: jsonl
+  success_marker: _SUCCESS
+  poke_interval_s: 2
+  timeout_s: 120
+tokenizer:
+  path: "{state}/tokenizers/sample-bpe-8192/tokenizer.json"
+pack:
+  seq_len: 64
+topic:
+  partitions: 2
+publish:
+  spark_partitions: 2
+schedule:
+  cron: "0 2 * * *"
+  start_date: 2026-01-01
+  catchup: false
+  retries: 1
+  retry_delay_s: 5
+  max_active_runs: 1
+train:
+  recipe: debug_cpu
+  world_size: 1
+  timeout_s: 900
+"""
+
+
+def nightly_dates() -> list[date]:
+    """Nights with data: the backfill's three, and every night the scheduler may pick around today."""
+    today = datetime.now(UTC).date()
+    return [today - timedelta(days=d) for d in range(12, -2, -1)]
+
+
+def backfill_dates() -> list[date]:
+    today = datetime.now(UTC).date()
+    return [today - timedelta(days=d) for d in (10, 9, 8)]
+
+
+@dataclass
+class StackEnv:
+    home: Path
+    env: dict[str, str]
+    api: str
+    password: str
+
+    def stoker(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+        res = subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=self.env, capture_output=True,
+                             text=True, timeout=timeout, cwd=REPO)
+        if check and res.returncode != 0:
+            raise AssertionError(f"stoker {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
+        return res
+
+    # -- the REST API, as a logged-in user --------------------------------------------------------
+    def token(self) -> str:
+        import httpx
+
+        r = httpx.post(f"{self.api}/auth/token", json={"username": "admin", "password": self.password}, timeout=30)
+        r.raise_for_status()
+        return r.json()["access_token"]
+
+    def rest(self, method: str, path: str, **kw: Any) -> Any:
+        import httpx
+
+        r = httpx.request(method, f"{self.api}/api/v2{path}", headers={"Authorization": f"Bearer {self.token()}"},
+                          timeout=30, **kw)
+        r.raise_for_status()
+        return r.json()
+
+    def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
+        return self.rest("GET", f"/dags/{dag_id}/dagRuns", params={"limit": 100})["dag_runs"]
+
+    def wait_runs(self, dag_id: str, pred: Any, count: int, timeout: float) -> list[dict[str, Any]]:
+        """Wait until ``count`` runs match ``pred`` and are all finished; fail fast on a failed one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = [r for r in self.dag_runs(dag_id) if pred(r)]
+            failed = [r for r in runs if r["state"] == "failed"]
+            assert not failed, f"{dag_id} run failed: {failed[0]['dag_run_id']}\n{self.failure_logs(dag_id)}"
+            if len(runs) >= count and all(r["state"] == "success" for r in runs):
+                return runs
+            assert time.monotonic() < deadline, (
+                f"{dag_id}: {[(r['dag_run_id'], r['state']) for r in runs]} after {timeout:.0f}s")
+            time.sleep(3)
+
+    def failure_logs(self, dag_id: str) -> str:
+        logs = sorted((self.home / "airflow" / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)
+        return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs[-3:])
+
+
+def _clean_env(home: Path, password: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW", "STOKER_", "PYSPARK_")) and k != "SPARK_LOCAL_IP"}
+    env.update(PORTS)
+    env.update({"STOKER_HOME": str(home), "STOKER_PROJECT": str(REPO), "STOKER_CORPORA": str(home / "corpora"),
+                "STOKER_ADMIN_PASSWORD": password, "HF_HUB_OFFLINE": "1", "STOKER_PARALLELISM": "3"})
+    return env
+
+
+def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
+    from stoker import sample
+
+    if home.exists():
+        shutil.rmtree(home)
+    (home / "corpora").mkdir(parents=True)
+    # the UI test's corpus is triggered by hand only: unpausing it on trigger must not add a scheduled run
+    sample_yaml = (REPO / "corpora" / "sample.yaml").read_text()
+    assert 'cron: "0 2 * * *"' in sample_yaml
+    (home / "corpora" / "sample.yaml").write_text(sample_yaml.replace('cron: "0 2 * * *"', "cron: null"))
+    (home / "corpora" / "nightly.yaml").write_text(NIGHTLY)
+    shutil.copytree(sample_corpus["tokenizer"].parent, home / "tokenizers" / "sample-bpe-8192")
+    # a smaller sample (same kinds of records, bad ones included) keeps a UI-triggered run short
+    sample.write_corpus(home / "data" / "sample", shards=2, max_docstring_bytes=120_000)
+    # a different slice of the sample's documents every night
+    texts = list(sample.texts(sample_corpus["data"]))
+    for i, night in enumerate(nightly_dates()):
+        folder = home / "data" / "nightly" / night.isoformat()
+        folder.mkdir(parents=True)
+        docs = texts[i * 40:(i + 1) * 40]
+        (folder / "part-00000.jsonl").write_text(
+            "".join(json.dumps({"text": t, "night": night.isoformat()}, ensure_ascii=False) + "\n" for t in docs))
+        (folder / "_SUCCESS").write_text("")
+
+
+@pytest.fixture(scope="module")
+def local_stack(sample_corpus) -> StackEnv:
+    home = STACK_HOME
+    password = secrets.token_urlsafe(10)
+    env = _clean_env(home, password)
+    _prepare(home, sample_corpus)
+    s = StackEnv(home=home, env=env, api=f"http://127.0.0.1:{PORTS['STOKER_API_PORT']}", password=password)
+    try:
+        out = s.stoker("up", timeout=600)
+        assert f"Airflow UI   {s.api}" in out.stdout and "log in as admin" in out.stdout, out.stdout
+        yield s
+    finally:
+        s.stoker("down", timeout=300, check=False)
+
+
+def stack_processes(home: Path) -> list[tuple[int, str]]:
+    """Processes (other than this test process) whose environment names ``home`` as STOKER_HOME."""
+    marker = f"STOKER_HOME={home}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker in (d / "environ").read_bytes().split(b"\0"):
+                found.append((int(d.name), (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]))
+        except OSError:
+            continue
+    return found
+
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(1500)]
+# Debian's chromium (installed by `make test`'s browser-deps), never a browser Playwright downloads
+CHROMIUM = os.environ.get("STOKER_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser") or ""
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(os.environ["STOKER_HOME"]) / "artifacts"
+
+
+def _kafka(s: StackEnv) -> dict[str, str]:
+    return {"bootstrap.servers": f"127.0.0.1:{PORTS['STOKER_KAFKA_PORT']}"}
+
+
+def _sequences(s: StackEnv, topic: str) -> list[tuple[bytes, bytes]]:
+    return sorted((m.key(), m.value()) for m in skafka.read_all(_kafka(s), topic))
+
+
+def _check_run(s: StackEnv, corpus: str, ds: str) -> dict:
+    """A finished refresh: the manifest matches the topic, every sequence once, all of them consumed."""
+    run_dir = s.home / "runs" / corpus / ds
+    m = read_manifest(run_dir)
+    seqs = _sequences(s, m.topic)
+    assert len(seqs) == len({k for k, _ in seqs}) == m.sequences > 0
+    assert skafka.end_offsets(_kafka(s), m.topic) == m.end_offsets()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["training"]["sequences_consumed"] == m.sequences
+    return {"manifest": m, "sequences": seqs, "manifest_bytes": (run_dir / "manifest.json").read_bytes()}
+
+
+def test_login_required(local_stack: StackEnv):
+    import httpx
+
+    assert httpx.get(f"{local_stack.api}/api/v2/dags", timeout=10).status_code == 401
+    assert httpx.get(f"{local_stack.api}/stoker/", timeout=10).status_code == 401
+    r = httpx.post(f"{local_stack.api}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=10)
+    assert r.status_code in (401, 403)
+    dags = {d["dag_id"] for d in local_stack.rest("GET", "/dags")["dags"]}
+    assert dags == {"refresh_sample", "refresh_nightly"}
+
+
+def test_trigger_from_the_ui_with_a_changed_param(local_stack: StackEnv):
+    from playwright.sync_api import expect, sync_playwright
+
+    s = local_stack
+    out = ARTIFACTS / "ui"
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        assert CHROMIUM, "Chromium not found: `make test` installs Debian's chromium, or set STOKER_CHROMIUM"
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{s.api}/")
+            page.locator("input[name=username]").fill("admin")
+            page.locator("input[name=password]").fill(s.password)
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url(f"{s.api}/")
+            page.goto(f"{s.api}/dags/refresh_sample")
+            expect(page.get_by_text("await_source")).to_be_visible()
+            page.get_by_role("button", name="Trigger Dag").click()
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_role("button", name="Packing").click()  # the params form's sections fold
+            expect(dialog.get_by_text("Sequence length")).to_be_visible()
+            seq_len_id = dialog.locator("[id='number-input:element_seq_len:inc']").get_attribute("aria-controls")
+            seq_len = dialog.locator(f"[id='{seq_len_id}']")
+            seq_len.fill("512")
+            seq_len.press("Tab")
+            page.screenshot(path=str(out / "trigger-form.png"))
+            dialog.get_by_test_id("trigger-dag-submit").click()
+            # the UI refetches the DAG's runs before it closes the dialog: slow on a busy 2-core machine
+            expect(dialog).to_be_hidden(timeout=120_000)
+
+            runs = s.wait_runs("refresh_sample", lambda r: True, 1, timeout=1200)
+            run_id = runs[0]["dag_run_id"]
+            assert runs[0]["conf"].get("seq_len") == 512
+            page.goto(f"{s.api}/dags/refresh_sample/runs/{run_id}")
+            expect(page.get_by_text("success").first).to_be_visible()
+            page.screenshot(path=str(out / "run-success.png"), full_page=True)
+            # the plugin's run summary, behind the same login (the browser's session cookie)
+            page.goto(f"{s.api}/stoker/dag-runs/refresh_sample/{run_id}")
+            expect(page.get_by_text("consumed")).to_be_visible()
+            expect(page.get_by_alt_text("loss curve")).to_be_visible()
+            page.screenshot(path=str(out / "run-summary.png"), full_page=True)
+        finally:
+            page.screenshot(path=str(out / "last.png"))
+            browser.close()
+    ds = runs[0]["logical_date"][:10]
+    run = _check_run(s, "sample", ds)
+    assert run["manifest"].seq_len == 512  # the changed param reached the Spark job
+    assert {"duplicate", "invalid_json", "invalid_utf8", "missing_text", "empty_text"} <= set(
+        run["manifest"].docs_dropped)
+    assert (out / "run-success.png").stat().st_size > 10_000
+
+
+def test_the_scheduler_runs_the_latest_night_once_unpaused(local_stack: StackEnv):
+    s = local_stack
+    s.rest("PATCH", "/dags/refresh_nightly", json={"is_paused": False})
+    runs = s.wait_runs("refresh_nightly", lambda r: r["run_type"] == "scheduled", 1, timeout=900)
+    assert len(runs) == 1
+    ds = runs[0]["logical_date"][:10]
+    run = _check_run(s, "nightly", ds)
+    # the logical date picked the night's folder
+    assert run["manifest"].source_uri.endswith(f"/data/nightly/{ds}")
+
+
+def test_cli_backfill_three_nights_then_rerun_one(local_stack: StackEnv):
+    s = local_stack
+    nights = [d.isoformat() for d in backfill_dates()]
+    # the runs of a backfill are those whose logical date (the cron's 02:00) lies in [from, to]:
+    # the last night's run is at <night>T02:00, so the range ends with that night's end
+    s.stoker("airflow", "backfill", "create", "--dag-id", "refresh_nightly", "--from-date", nights[0],
+             "--to-date", f"{nights[-1]}T23:59:59", timeout=120)
+    runs = s.wait_runs("refresh_nightly", lambda r: r["run_type"] == "backfill", 3, timeout=1500)
+    assert sorted(r["logical_date"][:10] for r in runs) == nights
+    before = {ds: _check_run(s, "nightly", ds) for ds in nights}
+    topics = {ds: r["manifest"].topic for ds, r in before.items()}
+    assert len(set(topics.values())) == 3  # one isolated topic per night
+    for ds, r in before.items():  # each night read its own folder, nothing else
+        assert r["manifest"].source_uri.endswith(f"/data/nightly/{ds}")
+    assert len({seq for r in before.values() for seq in r["sequences"]}) == sum(
+        len(r["sequences"]) for r in before.values())
+
+    # re-run the middle night: its data is replaced by an identical copy, the other nights untouched
+    again = nights[1]
+    run_id = next(r["dag_run_id"] for r in runs if r["logical_date"][:10] == again)
+    s.rest("POST", f"/dags/refresh_nightly/dagRuns/{run_id}/clear", json={"dry_run": False})
+    deadline = time.monotonic() + 900
+    while True:
+        state = s.rest("GET", f"/dags/refresh_nightly/dagRuns/{run_id}")["state"]
+        if state == "success" and read_manifest(s.home / "runs" / "nightly" / again).topic != topics[again]:
+            break
+        assert state != "failed", s.failure_logs("refresh_nightly")
+        assert time.monotonic() < deadline, f"re-run of {again} still {state}"
+        time.sleep(3)
+    after = _check_run(s, "nightly", again)
+    assert after["manifest"].topic != topics[again]  # a new attempt-scoped topic...
+    assert after["sequences"] == before[again]["sequences"]  # ...holding exactly the same sequences
+    assert topics[again] not in skafka.list_topics(_kafka(s))  # the replaced attempt's topic is gone
+    for ds in nights:
+        if ds != again:
+            assert (s.home / "runs" / "nightly" / ds / "manifest.json").read_bytes() == before[ds]["manifest_bytes"]
+            assert _sequences(s, topics[ds]) == before[ds]["sequences"]
+
+
+def test_a_run_triggered_without_a_logical_date(local_stack: StackEnv):
+    """REST (or the UI with the date cleared) may start a run with no logical date: it still reads a
+    well-defined night (the day it runs), and when that night was refreshed before, the new run
+    replaces it under the same attempt name without mixing in the old run's trainer state."""
+    s = local_stack
+    today = datetime.now(UTC).date().isoformat()
+    earlier = _check_run(s, "nightly", today) if (s.home / "runs" / "nightly" / today / "manifest.json").exists() \
+        else None
+    run = s.rest("POST", "/dags/refresh_nightly/dagRuns", json={"logical_date": None, "conf": {}})
+    assert run["logical_date"] is None
+    s.wait_runs("refresh_nightly", lambda r: r["dag_run_id"] == run["dag_run_id"], 1, timeout=900)
+    after = _check_run(s, "nightly", today)  # every sequence once, all consumed by this run's trainer
+    assert after["manifest"].source_uri.endswith(f"/data/nightly/{today}")
+    if earlier is not None:
+        assert after["sequences"] == earlier["sequences"]
+        assert after["manifest"].created_at >= earlier["manifest"].created_at
+
+
+def test_down_stops_everything_up_started(local_stack: StackEnv):
+    s = local_stack
+    assert stack_processes(s.home), "the stack should be running before down"
+    out = s.stoker("down", timeout=300)
+    assert "api-server" in out.stdout and "postgres" in out.stdout and "kafka" in out.stdout
+    deadline = time.monotonic() + 10
+    while stack_processes(s.home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert stack_processes(s.home) == []
+    assert "nothing of the stack was running" in s.stoker("down").stdout
