@@ -20,7 +20,7 @@ from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, 
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
 
 # The run's date: the logical date, or the run_after date of a run triggered without one.
-_WHEN = "(logical_date or dag_run.run_after)"
+_WHEN = "(dag_run.logical_date or dag_run.run_after)"  # `logical_date` is undefined without one
 DS = "{{ " + _WHEN + ".strftime('%Y-%m-%d') }}"
 DS_NODASH = "{{ " + _WHEN + ".strftime('%Y%m%d') }}"
 SOURCE_URI = ("{{ params.source_uri | replace('{ds}', " + _WHEN + ".strftime('%Y-%m-%d'))"

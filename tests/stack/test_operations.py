@@ -298,6 +298,9 @@ def test_cli_backfill_three_nights_then_rerun_one(local_stack: StackEnv):
              "--to-date", f"{nights[-1]}T23:59:59", timeout=120)
     runs = s.wait_runs("refresh_nightly", lambda r: r["run_type"] == "backfill", 3, timeout=1500)
     assert sorted(r["logical_date"][:10] for r in runs) == nights
+    # one refresh of a corpus at a time (schedule.max_active_runs: 1), backfills included
+    spans = sorted((r["start_date"], r["end_date"]) for r in runs)
+    assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False)), spans
     before = {ds: _check_run(s, "nightly", ds) for ds in nights}
     topics = {ds: r["manifest"].topic for ds, r in before.items()}
     assert len(set(topics.values())) == 3  # one isolated topic per night
@@ -336,6 +339,7 @@ def test_a_run_triggered_without_a_logical_date(local_stack: StackEnv):
     today = datetime.now(UTC).date().isoformat()
     earlier = _check_run(s, "nightly", today) if (s.home / "runs" / "nightly" / today / "manifest.json").exists() \
         else None
+    s.rest("PATCH", "/dags/refresh_nightly", json={"is_paused": False})  # a paused DAG's runs wait
     run = s.rest("POST", "/dags/refresh_nightly/dagRuns", json={"logical_date": None, "conf": {}})
     assert run["logical_date"] is None
     s.wait_runs("refresh_nightly", lambda r: r["dag_run_id"] == run["dag_run_id"], 1, timeout=900)
