@@ -41,7 +41,7 @@ def _up(args: argparse.Namespace) -> int:
           f"{services.admin_password(s)}; kept in {s.passwords_file})")
     print("Trigger      open refresh_sample, press Trigger; or: stoker refresh sample (no scheduler needed)")
     print("Backfill     .stoker/venv/bin/stoker airflow backfill create --dag-id refresh_sample "
-          "--from-date 2026-11-28 --to-date 2026-11-30")
+          "--from-date 2026-11-28 --to-date 2026-11-30T23:59:59")
     print("Stop         make down")
     return 0
 
@@ -59,7 +59,28 @@ def _airflow(args: argparse.Namespace) -> int:
 
     env = {**os.environ, **services.airflow_stack_env(services.default_stack())}
     argv = args.args[1:] if args.args[:1] == ["--"] else args.args
-    return subprocess.run([sys.executable, "-m", "airflow", *argv], env=env).returncode
+    return subprocess.run([sys.executable, "-m", "airflow", *backfill_limits(argv)], env=env).returncode
+
+
+def backfill_limits(argv: list[str]) -> list[str]:
+    """A backfill runs up to 10 runs at once by default and ignores the DAG's max_active_runs; a
+    refresh DAG's backfill gets its corpus's ``schedule.max_active_runs`` unless one is given."""
+    if argv[:2] != ["backfill", "create"] or any(a.startswith("--max-active-runs") for a in argv):
+        return argv
+    dag_id = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--dag-id", "-d")), None)
+    dag_id = dag_id or next((a.split("=", 1)[1] for a in argv if a.startswith("--dag-id=")), None)
+    if not dag_id or not dag_id.startswith("refresh_"):
+        return argv
+    from stoker import paths
+    from stoker.config import load_all
+
+    limit = next((c.schedule.max_active_runs for c in load_all(paths.corpora_dir())
+                  if f"refresh_{c.name}" == dag_id), None)
+    if limit is None:
+        return argv
+    print(f"stoker: {dag_id} allows {limit} refresh(es) at a time (schedule.max_active_runs): "
+          f"--max-active-runs {limit}", file=sys.stderr)
+    return [*argv, "--max-active-runs", str(limit)]
 
 
 def _status(args: argparse.Namespace) -> int:
