@@ -24,6 +24,10 @@ EMPTY_TEXT = "empty_text"
 TOO_SHORT = "too_short"
 TOO_LONG = "too_long"
 DUPLICATE = "duplicate"
+CORRUPT_FILE = "corrupt_file"  # a compressed file that does not decompress: one record, the whole file
+
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+QUARANTINE_HEAD = 4096  # bytes of a corrupt file kept in the quarantine
 
 
 @dataclass(slots=True)
@@ -37,6 +41,33 @@ class Parsed:
     detail: str | None = None
     raw: bytes | None = None
     digest: bytes | None = None
+
+
+def decompress(path: str, content: bytes) -> tuple[bytes | None, str | None]:
+    """A file's bytes, gunzipped or un-zstd'ed by its suffix (``.gz``, ``.zst``/``.zstd``);
+    ``(None, why)`` when it does not decompress."""
+    try:
+        if path.endswith(".gz"):
+            import gzip
+
+            return gzip.decompress(content), None
+        if path.endswith((".zst", ".zstd")):
+            import io
+
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(content)) as r:
+                return r.read(), None
+    except Exception as e:  # noqa: BLE001 - any codec error makes the file unreadable, never the job
+        kind = "gzip" if path.endswith(".gz") else "zstd"
+        return None, f"{kind}: {type(e).__name__}: {e}"
+    return content, None
+
+
+def corrupt_file(path: str, content: bytes, detail: str) -> Parsed:
+    """The one record a file that cannot be read counts as (its first bytes go to the quarantine)."""
+    return Parsed(source=path, line=0, reason=CORRUPT_FILE, detail=f"{detail} ({len(content)} bytes)",
+                  raw=content[:QUARANTINE_HEAD])
 
 
 def split_lines(content: bytes) -> Iterator[tuple[int, bytes]]:

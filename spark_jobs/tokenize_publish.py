@@ -40,15 +40,18 @@ def parse_batches(fmt: str, text_field: str, normalization: str, min_chars: int,
     def run(batches):
         import pyarrow as pa
 
-        from spark_jobs.steps import clean, parse_line, split_lines
+        from spark_jobs.steps import clean, corrupt_file, decompress, parse_line, split_lines
 
         cols = ["source", "line", "text", "reason", "detail", "raw", "digest"]
         for batch in batches:
             for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist(),
                                      strict=True):
                 rows: dict[str, list] = {c: [] for c in cols}
-                for line_no, raw in split_lines(content):
-                    p = clean(parse_line(path, line_no, raw, fmt, text_field), normalization, min_chars, max_chars)
+                data, why = decompress(path, content)
+                parsed = ([corrupt_file(path, content, why or "")] if data is None else
+                          (clean(parse_line(path, line_no, raw, fmt, text_field), normalization, min_chars, max_chars)
+                           for line_no, raw in split_lines(data)))
+                for p in parsed:
                     for c in cols:
                         rows[c].append(getattr(p, c))
                     if p.reason is None:
@@ -166,8 +169,10 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     dtype = records.dtype_for_vocab(vocab)
     skafka.check_reachable(kafka_config)
 
+    # lineage: every file read, with its size and content checksum (computed where the bytes are)
     files = [r.asDict() for r in spark.read.format("binaryFile").load(_spark_path(uri))
-             .select("path", "length", "modificationTime").orderBy("path").collect()]
+             .select("path", "length", "modificationTime", F.sha2("content", 256).alias("sha256"))
+             .orderBy("path").collect()]
     if not files:
         raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored)")
     parsed = read_parsed(spark, cfg, uri)
@@ -214,8 +219,8 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         docs_in=docs_in, docs_kept=counts.get(None, 0), docs_dropped=dropped,
         tokens=sum(s.tokens for s in summaries), padding_tokens=sum(s.padding for s in summaries),
         sequences=sum(s.sequences for s in summaries), source_uri=uri,
-        source_files=[{"path": f["path"], "bytes": f["length"], "mtime": f["modificationTime"].isoformat()}
-                      for f in files],
+        source_files=[{"path": f["path"], "bytes": f["length"], "sha256": f["sha256"],
+                       "mtime": f["modificationTime"].isoformat()} for f in files],
         spark_app_id=spark.sparkContext.applicationId,
         quarantine_path=str(quarantine), created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         seconds=round(time.monotonic() - t0, 3),

@@ -38,7 +38,9 @@ class SourceConfig:
     """Where the raw text is: a local path (relative to the project root) or file://, s3://, hdfs://.
     ``{ds}`` and ``{ds_nodash}`` are replaced by the run's logical date, selecting the night's drop."""
     format: str = "jsonl"
-    """``jsonl`` (one JSON object per line) or ``text`` (one document per line)."""
+    """``jsonl`` (one JSON object per line) or ``text`` (one document per line); files ending in
+    ``.gz`` or ``.zst``/``.zstd`` are decompressed (a file that does not decompress is one record
+    dropped as ``corrupt_file``, its first 4 KiB quarantined)."""
     text_field: str = "text"
     """The JSON field that holds the document's text (jsonl only)."""
     success_marker: str | None = "_SUCCESS"

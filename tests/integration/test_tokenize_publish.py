@@ -166,3 +166,38 @@ def test_rerun_under_the_same_topic_replaces_it(spark, kafka_config, small_cfg, 
     assert len({x.key() for x in msgs}) == len(msgs)
     # ...and its checkpoints are gone with the old data: the next trainer starts on the new one
     assert not (tmp_path / "run" / "train" / topic).exists()
+
+
+def test_compressed_files_read_like_plain_ones_and_every_file_is_in_the_lineage(spark, kafka_config, small_cfg,
+                                                                                 tmp_path):
+    import gzip
+    import hashlib
+
+    import zstandard
+
+    folder = Path(small_cfg.source.uri)
+    a, b = folder / "a.jsonl", folder / "b.jsonl"
+    (folder / "a.jsonl.gz").write_bytes(gzip.compress(a.read_bytes()))
+    (folder / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b.read_bytes()))
+    a.unlink()
+    b.unlink()
+    (folder / "c.jsonl.gz").write_bytes(gzip.compress(b'{"text": "lost"}\n' * 50)[:-20])  # truncated in transit
+    topic = "stoker.test.20261205.a1"
+    m = run_job(spark, small_cfg, ds="2026-12-05", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
+
+    # the same documents as the plain files, plus the corrupt file counted as one dropped record
+    assert m.docs_in == len(GOOD) + 2 + len(BAD) + 1
+    assert m.docs_dropped[steps.CORRUPT_FILE] == 1 and m.docs_kept == len(GOOD)
+    msgs = skafka.read_all(kafka_config, topic)
+    docs, _ = _documents_from_topic(msgs, load_tokenizer(m.tokenizer_path).token_to_id("<|endoftext|>"))
+    assert Counter(docs) == Counter(_expected_docs(m.tokenizer_path))
+    rows = [json.loads(line) for f in (tmp_path / "run" / "quarantine").glob("part-*.json") for line in f.open()]
+    corrupt = [r for r in rows if r["reason"] == steps.CORRUPT_FILE]
+    assert len(corrupt) == 1 and corrupt[0]["source"].endswith("c.jsonl.gz") and "gzip" in corrupt[0]["detail"]
+
+    # lineage: every data file with its size and sha256 (markers like _SUCCESS are not data)
+    listed = {Path(f["path"].removeprefix("file:")).name: f for f in m.source_files}
+    assert set(listed) == {"a.jsonl.gz", "b.jsonl.zst", "c.jsonl.gz"}
+    for name, f in listed.items():
+        content = (folder / name).read_bytes()
+        assert (f["bytes"], f["sha256"]) == (len(content), hashlib.sha256(content).hexdigest())

@@ -61,3 +61,25 @@ def test_packer_exact_fit_needs_no_padding():
     packer = steps.Packer(seq_len=3, eos_id=0, pad_id=9)
     out = list(packer.add([1, 2, 3])) + list(packer.flush())
     assert len(out) == 1 and out[0].tokens.tolist() == [1, 2, 3, 0] and packer.padding == 0
+
+
+def test_decompress_by_suffix_and_a_corrupt_file_is_one_quarantined_record():
+    import gzip
+
+    import zstandard
+
+    data = b'{"text": "a"}\n{"text": "b"}\n'
+    assert steps.decompress("x.jsonl", data) == (data, None)
+    assert steps.decompress("x.jsonl.gz", gzip.compress(data)) == (data, None)
+    assert steps.decompress("x.jsonl.zst", zstandard.ZstdCompressor().compress(data)) == (data, None)
+    # a streamed zstd frame (no content size in the header) too
+    streamed = zstandard.ZstdCompressor(write_content_size=False).compress(data)
+    assert steps.decompress("x.jsonl.zstd", streamed) == (data, None)
+
+    truncated = gzip.compress(data)[:-12]
+    out, why = steps.decompress("/in/x.jsonl.gz", truncated)
+    assert out is None and why.startswith("gzip: ")
+    rec = steps.corrupt_file("/in/x.jsonl.gz", truncated, why)
+    assert (rec.reason, rec.line, rec.raw) == (steps.CORRUPT_FILE, 0, truncated)
+    assert f"({len(truncated)} bytes)" in rec.detail
+    assert steps.decompress("x.zst", b"not zstd at all")[0] is None
