@@ -12,6 +12,7 @@ import json
 import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,36 @@ def corrupt_file(path: str, content: bytes, detail: str) -> Parsed:
     """The one record a file that cannot be read counts as (its first bytes go to the quarantine)."""
     return Parsed(source=path, line=0, reason=CORRUPT_FILE, detail=f"{detail} ({len(content)} bytes)",
                   raw=content[:QUARANTINE_HEAD])
+
+
+def records_of(path: str, data: bytes, fmt: str, text_field: str) -> Iterator[Parsed]:
+    """Every record of one (decompressed) file, each parsed or dropped with its reason: the lines
+    of ``jsonl``/``text``, the rows of ``parquet`` (numbered from 1, like lines)."""
+    if fmt != "parquet":
+        for line_no, raw in split_lines(data):
+            yield parse_line(path, line_no, raw, fmt, text_field)
+        return
+    import io
+
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except Exception as e:  # noqa: BLE001 - not a readable Parquet file: one record, like a bad archive
+        yield corrupt_file(path, data, f"parquet: {type(e).__name__}: {e}")
+        return
+    if text_field not in table.column_names:
+        column: list[Any] = [None] * table.num_rows
+        found = f"absent (columns: {', '.join(table.column_names)})"
+    else:
+        column, found = table.column(text_field).to_pylist(), ""
+    for i, value in enumerate(column, start=1):
+        raw = json.dumps({text_field: value}, ensure_ascii=False, default=str).encode()
+        if not isinstance(value, str):
+            what = found or ("null" if value is None else type(value).__name__)
+            yield Parsed(source=path, line=i, reason=MISSING_TEXT, raw=raw, detail=f"column {text_field!r} is {what}")
+        else:
+            yield Parsed(source=path, line=i, text=value, raw=raw)
 
 
 def split_lines(content: bytes) -> Iterator[tuple[int, bytes]]:

@@ -40,7 +40,7 @@ def parse_batches(fmt: str, text_field: str, normalization: str, min_chars: int,
     def run(batches):
         import pyarrow as pa
 
-        from spark_jobs.steps import clean, corrupt_file, decompress, parse_line, split_lines
+        from spark_jobs.steps import clean, corrupt_file, decompress, records_of
 
         cols = ["source", "line", "text", "reason", "detail", "raw", "digest"]
         for batch in batches:
@@ -49,8 +49,8 @@ def parse_batches(fmt: str, text_field: str, normalization: str, min_chars: int,
                 rows: dict[str, list] = {c: [] for c in cols}
                 data, why = decompress(path, content)
                 parsed = ([corrupt_file(path, content, why or "")] if data is None else
-                          (clean(parse_line(path, line_no, raw, fmt, text_field), normalization, min_chars, max_chars)
-                           for line_no, raw in split_lines(data)))
+                          (clean(p, normalization, min_chars, max_chars)
+                           for p in records_of(path, data, fmt, text_field)))
                 for p in parsed:
                     for c in cols:
                         rows[c].append(getattr(p, c))

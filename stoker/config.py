@@ -23,7 +23,7 @@ from stoker.exceptions import ConfigError
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SCHEMES = ("file", "s3", "s3a", "hdfs")
 _SUPPORTED_SCHEMES = ("file",)
-_FORMATS = ("jsonl", "text")
+_FORMATS = ("jsonl", "text", "parquet")
 _NORMALIZATIONS = ("NFC", "NFKC", "none")
 _COMPRESSIONS = ("zstd", "lz4")
 
@@ -38,11 +38,12 @@ class SourceConfig:
     """Where the raw text is: a local path (relative to the project root) or file://, s3://, hdfs://.
     ``{ds}`` and ``{ds_nodash}`` are replaced by the run's logical date, selecting the night's drop."""
     format: str = "jsonl"
-    """``jsonl`` (one JSON object per line) or ``text`` (one document per line); files ending in
+    """``jsonl`` (one JSON object per line), ``text`` (one document per line) or ``parquet`` (one
+    document per row, in column ``text_field``); jsonl/text files ending in
     ``.gz`` or ``.zst``/``.zstd`` are decompressed (a file that does not decompress is one record
     dropped as ``corrupt_file``, its first 4 KiB quarantined)."""
     text_field: str = "text"
-    """The JSON field that holds the document's text (jsonl only)."""
+    """The JSON field (jsonl) or column (parquet) that holds the document's text."""
     success_marker: str | None = "_SUCCESS"
     """File whose presence marks the drop complete; null means 'any data file present'."""
     poke_interval_s: int = 30

@@ -201,3 +201,25 @@ def test_compressed_files_read_like_plain_ones_and_every_file_is_in_the_lineage(
     for name, f in listed.items():
         content = (folder / name).read_bytes()
         assert (f["bytes"], f["sha256"]) == (len(content), hashlib.sha256(content).hexdigest())
+
+
+def test_parquet_source_reads_one_document_per_row(spark, kafka_config, small_cfg, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    texts = [*GOOD, GOOD[1], "  " + GOOD[0] + " "]  # two duplicates after normalisation, as in the JSONL corpus
+    half = len(texts) // 2
+    pq.write_table(pa.table({"text": [*texts[:half], None], "id": list(range(half + 1))}), folder / "part-0.parquet")
+    pq.write_table(pa.table({"text": [*texts[half:], ""]}), folder / "part-1.parquet")
+    (folder / "_SUCCESS").write_text("")
+    small_cfg.source = dataclasses.replace(small_cfg.source, uri=str(folder), format="parquet")
+    topic = "stoker.test.20261206.a1"
+    m = run_job(spark, small_cfg, ds="2026-12-06", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
+
+    assert m.docs_in == len(texts) + 2
+    assert m.docs_dropped == {steps.DUPLICATE: 2, steps.EMPTY_TEXT: 1, steps.MISSING_TEXT: 1}
+    msgs = skafka.read_all(kafka_config, topic)
+    docs, _ = _documents_from_topic(msgs, load_tokenizer(m.tokenizer_path).token_to_id("<|endoftext|>"))
+    assert Counter(docs) == Counter(_expected_docs(m.tokenizer_path))

@@ -83,3 +83,24 @@ def test_decompress_by_suffix_and_a_corrupt_file_is_one_quarantined_record():
     assert (rec.reason, rec.line, rec.raw) == (steps.CORRUPT_FILE, 0, truncated)
     assert f"({len(truncated)} bytes)" in rec.detail
     assert steps.decompress("x.zst", b"not zstd at all")[0] is None
+
+
+def test_parquet_rows_are_records_numbered_from_one():
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": ["first doc", None, "third", ""], "id": [1, 2, 3, 4]}), buf)
+    recs = list(steps.records_of("/in/a.parquet", buf.getvalue(), "parquet", "text"))
+    assert [(r.line, r.text, r.reason) for r in recs] == [
+        (1, "first doc", None), (2, None, steps.MISSING_TEXT), (3, "third", None), (4, "", None)]
+    assert recs[1].raw == b'{"text": null}'  # what the quarantine keeps of a bad row
+    assert steps.clean(recs[3], "NFC", 1, 100).reason == steps.EMPTY_TEXT
+
+    wrong = list(steps.records_of("/in/a.parquet", buf.getvalue(), "parquet", "body"))
+    assert {r.reason for r in wrong} == {steps.MISSING_TEXT} and len(wrong) == 4
+    assert "absent (columns: text, id)" in wrong[0].detail
+    broken = list(steps.records_of("/in/b.parquet", buf.getvalue()[:-30], "parquet", "text"))
+    assert [r.reason for r in broken] == [steps.CORRUPT_FILE]
