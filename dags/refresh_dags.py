@@ -15,6 +15,7 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from stoker import paths
 from stoker.config import CorpusConfig, load_all
+from stoker.stack import default_broker
 from stoker_airflow.callbacks import stage_finished, stage_started
 from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
@@ -67,8 +68,10 @@ def _assets(cfg: CorpusConfig) -> tuple[Asset, Asset, Asset]:
     """The corpus source, the run topics and the trained model, so lineage shows in the UI's Assets view."""
     src = cfg.source.uri.split("{ds", 1)[0]
     src = paths.expand(src) if "://" in src else "file://" + str(paths.resolve_local(src))
-    bootstrap = json.loads(os.environ.get("AIRFLOW_CONN_KAFKA_DEFAULT", "{}") or "{}").get(
-        "extra", {}).get("bootstrap.servers", "127.0.0.1:39092").split(",")[0]
+    # the connection's first broker, read from the environment (no connection lookup at parse time)
+    conn = json.loads(os.environ.get("AIRFLOW_CONN_KAFKA_DEFAULT") or "{}")
+    bootstrap = conn.get("extra", {}).get("bootstrap.servers") or default_broker().bootstrap
+    bootstrap = bootstrap.split(",")[0]
     return (Asset(name=f"stoker.{cfg.name}.source", uri=src.rstrip("/") + "/", group="corpus"),
             Asset(name=f"stoker.{cfg.name}.sequences", uri=f"kafka://{bootstrap}/stoker.{cfg.name}",
                   group="sequences"),

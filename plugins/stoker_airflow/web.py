@@ -96,7 +96,8 @@ def create_app() -> FastAPI:
             except Exception:  # noqa: BLE001 - a run still publishing has no manifest
                 continue
             t = s.get("training") or {}
-            rows.append(f"<tr><td><a href='/stoker/runs/{d.parent.name}/{d.name}'>{d.parent.name}/{d.name}</a></td>"
+            ref = html.escape(f"{d.parent.name}/{d.name}")
+            rows.append(f"<tr><td><a href='/stoker/runs/{ref}'>{ref}</a></td>"
                         f"<td>{html.escape(s['topic'])}</td><td>{s['sequences']}</td>"
                         f"<td>{t.get('sequences_consumed', '-')}</td><td>{t.get('last_loss') or '-'}</td></tr>")
         table = ("<table><tr><th>run</th><th>topic</th><th>sequences</th><th>consumed</th><th>last loss</th></tr>"
