@@ -10,6 +10,12 @@ BIN       := $(VENV)/bin
 CACHE     ?= $(HOME)/.cache/stoker
 KAFKA_VER := 4.1.1
 KAFKA_DIR := $(CACHE)/kafka-$(KAFKA_VER)
+# Hadoop: the version pyspark ships; S3A's jars and the test HDFS follow it (stoker/connectors)
+HADOOP_VER := 3.5.0
+S3A_DIR   := $(CACHE)/s3a-$(HADOOP_VER)
+HDFS_DIR  := $(CACHE)/hdfs-$(HADOOP_VER)
+SEAWEEDFS_VER := v0.0.0-20261109003541-7506e5f91cd6
+SEAWEEDFS_BIN := $(CACHE)/seaweedfs-$(SEAWEEDFS_VER:v0.0.0-%=%)/weed
 UV_VER    := 0.13.9
 PYTEST_ARGS ?=
 
@@ -20,18 +26,18 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: help setup check-tools stack-deps browser-deps venv kafka-jars sample run test test-unit lint bench up down clean
+.PHONY: help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit lint bench up down clean
 
 help:
 	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
-	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap"
+	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap; folder vs S3 vs HDFS"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
 	@echo "make down   stop exactly what make up started"
 	@echo "make lint   ruff + mypy on the core"
 	@echo "make clean  stop the embedded broker and remove .stoker/ (run state)"
 
-setup: check-tools venv kafka-jars sample
+setup: check-tools venv kafka-jars s3a-jars sample
 
 check-tools:
 	@command -v java >/dev/null || { echo "setup: java not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jdk-headless)"; exit 1; }
@@ -72,6 +78,27 @@ $(KAFKA_DIR)/.complete: stoker/broker/pom.xml
 	@test -n "$$(ls $(KAFKA_DIR)/libs/kafka_2.13-$(KAFKA_VER).jar)"
 	@touch $@
 
+# The S3A connector (hadoop-aws + the AWS SDK's S3 modules) for s3:// sources, per user.
+s3a-jars: $(S3A_DIR)/.complete
+$(S3A_DIR)/.complete: stoker/connectors/pom.xml
+	@rm -rf $(S3A_DIR) && mkdir -p $(S3A_DIR)
+	mvn -q -B -f stoker/connectors/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(S3A_DIR)/jars
+	@test -n "$$(ls $(S3A_DIR)/jars/hadoop-aws-$(HADOOP_VER).jar)"
+	@touch $@
+
+# Real storage servers for the tests (and `stoker storage up`): SeaweedFS's S3 gateway built from
+# the Go module proxy, and Hadoop's NameNode + DataNode (the mini cluster) from Maven Central.
+test-servers: $(SEAWEEDFS_BIN) $(HDFS_DIR)/.complete
+$(SEAWEEDFS_BIN):  # the version is in the path: only a new version builds again
+	@command -v go >/dev/null || { echo "setup: go not found: install Go 1.26+ (Debian: apt-get install golang-go); it builds SeaweedFS, the tests' S3 server"; exit 1; }
+	bash stoker/servers/build-seaweedfs.sh $(SEAWEEDFS_VER) $@
+$(HDFS_DIR)/.complete: stoker/servers/hdfs/pom.xml
+	@rm -rf $(HDFS_DIR) && mkdir -p $(HDFS_DIR)
+	mvn -q -B -f stoker/servers/hdfs/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	    -DoutputDirectory=$(HDFS_DIR)/libs
+	@touch $@
+
 sample: $(STATE)/data/sample/_SUCCESS
 $(STATE)/data/sample/_SUCCESS: stoker/sample.py | venv
 	$(BIN)/stoker sample-corpus --force
@@ -79,7 +106,7 @@ $(STATE)/data/sample/_SUCCESS: stoker/sample.py | venv
 run: setup
 	$(BIN)/stoker refresh sample --ds $${DS:-$$(date -u +%F)}
 
-test: setup stack-deps browser-deps
+test: setup stack-deps browser-deps test-servers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
@@ -89,9 +116,10 @@ lint: venv
 	$(BIN)/ruff check stoker spark_jobs plugins dags training tests bench
 	$(BIN)/mypy
 
-bench: setup
+bench: setup test-servers
 	$(BIN)/python bench/tokenize_bench.py
 	$(BIN)/python bench/source_bench.py
+	$(BIN)/python bench/store_bench.py
 
 up: setup stack-deps
 	$(BIN)/stoker up

@@ -106,7 +106,8 @@ def build_dag(cfg: CorpusConfig) -> DAG:
     ) as dag:
         await_source = SourceReadySensor(
             task_id="await_source", uri=SOURCE_URI,
-            success_marker=cfg.source.success_marker, poke_interval=cfg.source.poke_interval_s,
+            success_marker=cfg.source.success_marker, aws_conn_id=cfg.source.aws_conn_id,
+            webhdfs_url=cfg.source.webhdfs_url, poke_interval=cfg.source.poke_interval_s,
             timeout=cfg.source.timeout_s, mode="reschedule", inlets=[source_asset],
             doc_md="Waits until the night's drop is complete (its success marker is present).",
         )
@@ -115,6 +116,7 @@ def build_dag(cfg: CorpusConfig) -> DAG:
                 task_id="tokenize_publish",
                 corpus_path=str(paths.corpora_dir() / f"{cfg.name}.yaml"),
                 ds=DS, topic=f"stoker.{cfg.name}.{DS_NODASH}.a{{{{ ti.try_number }}}}", run_dir=run_dir,
+                aws_conn_id=cfg.source.aws_conn_id,
                 extra_args=["--source-uri", "{{ params.source_uri }}", "--seq-len", "{{ params.seq_len }}",
                             "--spark-partitions", "{{ params.spark_partitions }}"],
                 name=f"stoker-{cfg.name}", inlets=[source_asset], outlets=[topic_asset],

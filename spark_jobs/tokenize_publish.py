@@ -92,6 +92,46 @@ def mark_duplicates(parsed):
             .drop("_rank"))
 
 
+def source_hadoop_conf(uri: str) -> dict[str, str]:
+    """Hadoop settings for reading ``uri``: S3A's endpoint and credentials (from the environment
+    the operator filled from its Airflow connection), short bounded retries for HDFS RPC."""
+    from stoker.sources import S3Settings, scheme_of
+
+    scheme = scheme_of(uri)
+    if scheme in ("s3", "s3a"):
+        return S3Settings.from_env().hadoop_conf()
+    if scheme == "hdfs":  # an unreachable NameNode fails in seconds, not after 45 s of retries
+        return {"ipc.client.connect.max.retries": "2", "ipc.client.connect.timeout": "5000",
+                "ipc.client.connect.max.retries.on.timeouts": "2", "dfs.client.retry.policy.enabled": "false"}
+    return {}
+
+
+def preflight_source(spark, cfg: CorpusConfig, uri: str) -> dict[str, str]:
+    """Configure Spark's Hadoop client for the source and prove the store answers before Spark
+    reads: an unreachable store, a refused credential, a missing bucket or an empty drop raises a
+    named error in seconds. Returns the ETags the store reported (S3), keyed without scheme."""
+    from stoker.sources import S3Settings, is_data_file, open_store
+
+    hconf = spark.sparkContext._jsc.hadoopConfiguration()
+    wanted = source_hadoop_conf(uri)
+    if any(hconf.get(k) not in (None, v) for k, v in wanted.items()):
+        # Hadoop caches one FileSystem per scheme and bucket, built with the settings it first saw:
+        # in a long-lived session (notebook, tests) a changed endpoint or key must not reuse it
+        spark.sparkContext._jvm.org.apache.hadoop.fs.FileSystem.closeAll()
+    for k, v in wanted.items():
+        hconf.set(k, v)
+    store = open_store(uri, s3=S3Settings.from_env(), webhdfs_url=cfg.source.webhdfs_url)
+    listed = [f for f in store.list_files(uri) if is_data_file(f.uri.rsplit("/", 1)[-1])]
+    if not listed:
+        raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored): "
+                          "is this the right night's folder?")
+    return {_without_scheme(f.uri): f.etag for f in listed if f.etag}
+
+
+def _without_scheme(uri: str) -> str:
+    return uri.split("://", 1)[-1]
+
+
 def _spark_path(uri: str) -> str:
     if "://" not in uri:
         return str(paths.resolve_local(uri))
@@ -169,12 +209,16 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     dtype = records.dtype_for_vocab(vocab)
     skafka.check_reachable(kafka_config)
 
+    # preflight: the store answers, the credentials work, the drop holds data (seconds, named errors)
+    etags = preflight_source(spark, cfg, uri)
     # lineage: every file read, with its size and content checksum (computed where the bytes are)
     files = [r.asDict() for r in spark.read.format("binaryFile").load(_spark_path(uri))
              .select("path", "length", "modificationTime", F.sha2("content", 256).alias("sha256"))
              .orderBy("path").collect()]
     if not files:
         raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored)")
+    for f in files:
+        f["etag"] = etags.get(_without_scheme(f["path"]))
     parsed = read_parsed(spark, cfg, uri)
     staged = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.MEMORY_AND_DISK)
     counts = {r["reason"]: r["count"] for r in staged.groupBy("reason").count().collect()}
@@ -220,7 +264,8 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         tokens=sum(s.tokens for s in summaries), padding_tokens=sum(s.padding for s in summaries),
         sequences=sum(s.sequences for s in summaries), source_uri=uri,
         source_files=[{"path": f["path"], "bytes": f["length"], "sha256": f["sha256"],
-                       "mtime": f["modificationTime"].isoformat()} for f in files],
+                       "mtime": f["modificationTime"].isoformat(), **({"etag": f["etag"]} if f["etag"] else {})}
+                      for f in files],
         spark_app_id=spark.sparkContext.applicationId,
         quarantine_path=str(quarantine), created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         seconds=round(time.monotonic() - t0, 3),
@@ -282,8 +327,13 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2048")
              # one task per core already: the tokenizer's own thread pool would oversubscribe them
              # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
-             .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false")
-             .getOrCreate())
+             .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false"))
+    uri = cfg.source.render(args.ds)
+    if uri.startswith(("s3://", "s3a://")):  # a plain `python` launch; spark-submit gets --jars from the operator
+        from stoker.connectors import s3a_jars
+
+        spark = spark.config("spark.jars", ",".join(str(j) for j in s3a_jars()))
+    spark = spark.getOrCreate()
     try:
         m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
                     kafka_config=skafka.config_from_env(), fail=fail)  # type: ignore[arg-type]

@@ -44,4 +44,7 @@ def airflow_env(kafka_bootstrap: str | None = None) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
     }
+    from stoker.servers import local_s3_connection_env
+
+    env.update(local_s3_connection_env())  # `stoker storage up`'s S3, as aws_default, while it runs
     return {k: os.environ.get(k, v) if k != "PATH" else v for k, v in env.items()}

@@ -22,7 +22,6 @@ from stoker.exceptions import ConfigError
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SCHEMES = ("file", "s3", "s3a", "hdfs")
-_SUPPORTED_SCHEMES = ("file",)
 _FORMATS = ("jsonl", "text", "parquet")
 _NORMALIZATIONS = ("NFC", "NFKC", "none")
 _COMPRESSIONS = ("zstd", "lz4")
@@ -46,6 +45,14 @@ class SourceConfig:
     """The JSON field (jsonl) or column (parquet) that holds the document's text."""
     success_marker: str | None = "_SUCCESS"
     """File whose presence marks the drop complete; null means 'any data file present'."""
+    aws_conn_id: str = "aws_default"
+    """s3:// only: the Airflow connection (Amazon provider's shape: login = access key id, password =
+    secret key, extra ``endpoint_url``/``region_name``) with the store's address and credentials.
+    When no such connection exists, the usual AWS environment variables (``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``) are used."""
+    webhdfs_url: str | None = None
+    """hdfs:// only: the NameNode's HTTP address, where await_source looks for the marker
+    (default ``http://<namenode host>:9870``). Spark reads over the hdfs:// RPC address."""
     poke_interval_s: int = 30
     """How often await_source checks the source."""
     timeout_s: int = 6 * 3600
@@ -58,9 +65,13 @@ class SourceConfig:
             raise _fail(f"{w}.uri", self.uri, "must not be empty: set the corpus location")
         if scheme not in _SCHEMES:
             raise _fail(f"{w}.uri", self.uri, f"scheme {scheme!r} is not one of {_SCHEMES}")
-        if scheme not in _SUPPORTED_SCHEMES:
-            raise _fail(f"{w}.uri", self.uri, f"{scheme}:// sources are not supported yet (issue: S3 and HDFS "
-                        f"ingestion); use a local folder or file://")
+        rest = self.uri.split("://", 1)[1] if "://" in self.uri else self.uri
+        if scheme in ("s3", "s3a") and not rest.split("/", 1)[0]:
+            raise _fail(f"{w}.uri", self.uri, "names no bucket: write s3://<bucket>/<prefix>")
+        if scheme == "hdfs" and not rest.split("/", 1)[0]:
+            raise _fail(f"{w}.uri", self.uri, "names no NameNode: write hdfs://<namenode>:<port>/<path>")
+        if self.webhdfs_url is not None and not self.webhdfs_url.startswith(("http://", "https://")):
+            raise _fail(f"{w}.webhdfs_url", self.webhdfs_url, "must be an http:// or https:// address")
         if self.format not in _FORMATS:
             raise _fail(f"{w}.format", self.format, f"must be one of {_FORMATS}")
         if self.poke_interval_s < 1 or self.timeout_s < self.poke_interval_s:

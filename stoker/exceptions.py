@@ -23,3 +23,7 @@ class StackError(StokerError):
 
 class KafkaTimeout(StokerError, TimeoutError):
     """A Kafka condition (published offsets, consumer lag) was not met in time."""
+
+
+class SourceError(StokerError):
+    """A corpus source (local folder, S3 bucket, HDFS) cannot be reached or read."""

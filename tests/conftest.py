@@ -3,7 +3,9 @@
 * a real Apache Kafka broker (KRaft, from the jars `make setup` resolved), unless
   ``STOKER_KAFKA_BOOTSTRAP`` names a cluster to use instead;
 * Spark in local mode (``local[2,4]``: two cores, up to four attempts per task);
-* an Airflow home with its own SQLite metadata DB.
+* an Airflow home with its own SQLite metadata DB;
+* S3 (SeaweedFS) and HDFS (Hadoop's NameNode + DataNode) servers on 127.0.0.1, for the
+  object-store tests (stoker/servers, built by `make test-servers`).
 
 All test state lives in ``.stoker/test`` (git-ignored), apart from the user's runs.
 """
@@ -77,11 +79,41 @@ def airflow_db() -> Path:
 def spark():
     from pyspark.sql import SparkSession
 
+    from stoker.connectors import s3a_jars
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2,4]").appName("stoker-tests")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
                .config("spark.sql.execution.arrow.maxRecordsPerBatch", "64")
+               .config("spark.jars", ",".join(map(str, s3a_jars())))  # s3:// sources (S3A), as `make setup` left it
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed():
+    """A real S3-compatible server (SeaweedFS) with a bucket named ``corpora``."""
+    import shutil
+
+    from stoker.servers import SeaweedS3
+
+    home = TEST_STATE / "seaweedfs"
+    shutil.rmtree(home, ignore_errors=True)
+    with SeaweedS3(home) as server:
+        server.create_bucket("corpora")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def hdfs():
+    """A real HDFS: Hadoop's NameNode and one DataNode (the mini cluster)."""
+    import shutil
+
+    from stoker.servers import MiniHdfs
+
+    home = TEST_STATE / "hdfs"
+    shutil.rmtree(home, ignore_errors=True)
+    with MiniHdfs(home) as server:
+        yield server

@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from stoker.exceptions import ConfigError
+from stoker.sources import S3Settings
 
 
 class StokerKafkaHook(BaseHook):
@@ -31,3 +32,19 @@ class StokerKafkaHook(BaseHook):
                 "Kafka client config JSON, e.g. {\"bootstrap.servers\": \"127.0.0.1:39092\"}"
             )
         return config
+
+
+def s3_settings(aws_conn_id: str | None) -> S3Settings:
+    """An s3:// source's endpoint and credentials: the Airflow connection ``aws_conn_id`` (the
+    Amazon provider's shape: login = access key id, password = secret key, extra ``endpoint_url``,
+    ``region_name``, ``aws_session_token``) when it exists, else the usual AWS environment."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    if aws_conn_id:
+        try:
+            conn = BaseHook.get_connection(aws_conn_id)
+        except AirflowNotFoundException:
+            pass
+        else:
+            return S3Settings.from_connection(conn.login, conn.password, conn.extra_dejson)
+    return S3Settings.from_env()

@@ -27,15 +27,17 @@ class TokenizePublishOperator(SparkSubmitOperator):
     """``spark-submit spark_jobs/tokenize_publish.py`` through ``spark_default`` (any master).
 
     The Kafka client config is read from ``kafka_config_id`` here and handed to the job in the
-    environment (``STOKER_KAFKA_CONFIG``), so secrets never appear on a command line.
+    environment (``STOKER_KAFKA_CONFIG``), so secrets never appear on a command line. So are an
+    s3:// source's endpoint and credentials (the ``aws_conn_id`` connection, else this process's AWS
+    environment, as ``AWS_*`` variables), and the S3A connector's jars go on ``--jars``.
     """
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "corpus_path", "ds", "topic", "run_dir", "extra_args")
 
     def __init__(self, *, corpus_path: str, ds: str, topic: str, run_dir: str,
-                 kafka_config_id: str = "kafka_default", extra_args: list[str] | None = None,
-                 **kwargs: Any) -> None:
+                 kafka_config_id: str = "kafka_default", aws_conn_id: str = "aws_default",
+                 extra_args: list[str] | None = None, **kwargs: Any) -> None:
         if not Path(corpus_path).is_file():
             raise ValueError(f"corpus_path = {corpus_path!r}: no such corpus config")
         kwargs.setdefault("application", str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"))
@@ -46,7 +48,17 @@ class TokenizePublishOperator(SparkSubmitOperator):
         self.topic = topic
         self.run_dir = run_dir
         self.kafka_config_id = kafka_config_id
+        self.aws_conn_id = aws_conn_id
         self.extra_args = list(extra_args or [])
+
+    def _source_uri(self) -> str:
+        from stoker.config import load_corpus
+
+        if "--source-uri" in self.extra_args:
+            uri = self.extra_args[self.extra_args.index("--source-uri") + 1]
+        else:
+            uri = load_corpus(self.corpus_path).source.uri
+        return uri
 
     def execute(self, context: Any) -> None:
         self.application_args = ["--corpus", self.corpus_path, "--ds", self.ds, "--topic", self.topic,
@@ -54,6 +66,12 @@ class TokenizePublishOperator(SparkSubmitOperator):
         config = StokerKafkaHook(self.kafka_config_id).get_config()
         self.env_vars = {**(self.env_vars or {}), "STOKER_KAFKA_CONFIG": json.dumps(config),
                          "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        if self._source_uri().startswith(("s3://", "s3a://")):
+            from stoker.connectors import s3a_jars
+            from stoker_airflow.hooks import s3_settings
+
+            self.env_vars.update(s3_settings(self.aws_conn_id).to_env())
+            self.jars = ",".join([*(self.jars.split(",") if self.jars else []), *map(str, s3a_jars())])
         super().execute(context)
         _annotate_outlets(self, context, Path(self.run_dir))
 

@@ -18,29 +18,49 @@ from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger, lag_
 
 class SourceReadySensor(BaseSensorOperator):
     """Waits until a night's drop is complete: its ``success_marker`` exists (or, with no marker,
-    any data file). Local folders here; s3:// and hdfs:// arrive with the object-store issue."""
+    any data file) in a local folder, an S3 prefix or an HDFS folder.
+
+    Runs in ``reschedule`` mode: between pokes the task holds no worker slot. A store that cannot
+    answer fails the poke at once with the reason: a refused credential or a missing bucket fails
+    the task for good (no retry can fix it); an unreachable store or NameNode fails this try, and
+    the DAG's retries try again.
+    """
 
     template_fields: Sequence[str] = ("uri",)
 
-    def __init__(self, *, uri: str, success_marker: str | None = "_SUCCESS", **kwargs: Any) -> None:
+    def __init__(self, *, uri: str, success_marker: str | None = "_SUCCESS", aws_conn_id: str = "aws_default",
+                 webhdfs_url: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.uri = uri
         self.success_marker = success_marker
+        self.aws_conn_id = aws_conn_id
+        self.webhdfs_url = webhdfs_url
 
-    def _folder(self):
-        uri = self.uri.removeprefix("file://")
-        if "://" in uri:
-            raise AirflowFailException(f"source uri {self.uri!r}: only local folders are supported by this "
-                                       "version of await_source")
-        return paths.resolve_local(uri)
+    def _store(self) -> Any:
+        from stoker.sources import open_store, scheme_of
+        from stoker_airflow.hooks import s3_settings
+
+        s3 = s3_settings(self.aws_conn_id) if scheme_of(self.uri) in ("s3", "s3a") else None
+        return open_store(self.uri, s3=s3, webhdfs_url=self.webhdfs_url)
+
+    def _watched(self) -> str:
+        from stoker.sources import join, scheme_of
+
+        uri = self.uri if scheme_of(self.uri) != "file" else str(paths.resolve_local(self.uri))
+        return join(uri, self.success_marker) if self.success_marker else uri
 
     def poke(self, context: Any) -> bool:
-        folder = self._folder()
-        if self.success_marker:
-            ready = (folder / self.success_marker).exists()
-        else:
-            ready = folder.is_dir() and any(not p.name.startswith(("_", ".")) for p in folder.iterdir())
-        self.log.info("%s: %s", folder, "complete" if ready else f"waiting for {self.success_marker or 'data'}")
+        from stoker.exceptions import SourceError
+        from stoker.sources import drop_status, scheme_of
+
+        uri = self.uri if scheme_of(self.uri) != "file" else str(paths.resolve_local(self.uri))
+        try:
+            ready, seen = drop_status(self._store(), uri, self.success_marker)
+        except SourceError as e:
+            if "cannot reach" in str(e):
+                raise  # maybe transient: this try fails, a retry pokes again
+            raise AirflowFailException(str(e)) from None
+        self.log.info("%s: %s", uri, "complete: " + seen if ready else seen)
         return ready
 
     def execute(self, context: Any) -> Any:
@@ -49,7 +69,7 @@ class SourceReadySensor(BaseSensorOperator):
         except AirflowSensorTimeout:
             what = self.success_marker or "any data file"
             raise AirflowSensorTimeout(
-                f"source {self._folder()} had no {what} after {self.timeout:.0f}s: the night's drop is "
+                f"source {self._watched()}: no {what} after {self.timeout:.0f}s: the night's drop is "
                 "incomplete; check the upstream export, or raise source.timeout_s in the corpus config"
             ) from None
 

@@ -99,3 +99,78 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     cli = subprocess.run([sys.executable, "-m", "stoker.cli", "runs", "show", "sample/2026-12-01", "--json"],
                          capture_output=True, text=True, check=True, env=os.environ.copy())
     assert json.loads(cli.stdout)["docs_kept"] == m.docs_kept
+
+
+DAG_TEST_S3 = """
+import json
+from datetime import datetime, timezone
+import dags.refresh_dags as m
+# publish only: the trainer's side of a run is the same whatever the source (test above)
+run = m.refresh_sample_s3.test(logical_date=datetime(2026, 12, 1, tzinfo=timezone.utc),
+                               mark_success_pattern=r"training\\..*|report")
+print("STATE=" + json.dumps(str(run.state)))
+"""
+
+
+def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config, sample_corpus, airflow_db,
+                                                                     seaweed, tmp_path):
+    """corpora/examples/sample_s3.yaml through Airflow, credentials from the aws_default connection:
+    await_source waits while 2026-12-01 has no marker, the run proceeds when it appears, and
+    publishes that night (not 2026-11-30's), every file in the lineage."""
+    import contextlib
+    import hashlib
+    import queue
+    import threading
+    import time
+
+    from stoker import kafka as skafka
+
+    root = f"s3://corpora/{tmp_path.name}"
+    corpora = tmp_path / "corpora"
+    corpora.mkdir()
+    text = (REPO / "corpora" / "examples" / "sample_s3.yaml").read_text()
+    (corpora / "sample_s3.yaml").write_text(text.replace("s3://corpora/sample/{ds}", root + "/{ds}")
+                                            .replace("poke_interval_s: 5", "poke_interval_s: 1"))
+    store = seaweed.store()
+    files = sorted(p for p in sample_corpus["data"].iterdir() if p.suffix == ".jsonl")
+    for p in files[:1]:
+        store.put(f"{root}/2026-11-30/{p.name}", p.read_bytes())
+    store.put(f"{root}/2026-11-30/_SUCCESS", b"")
+    for p in files:  # the night's data is there, its marker not yet
+        store.put(f"{root}/2026-12-01/{p.name}", p.read_bytes())
+
+    env = {**os.environ, "STOKER_CORPORA": str(corpora),
+           "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(seaweed.connection())}
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        env.pop(k, None)  # only the connection may tell the job where the store is
+    proc = subprocess.Popen([sys.executable, "-c", DAG_TEST_S3], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    out: list[str] = []
+    waiting = f"waiting for {root}/2026-12-01/_SUCCESS"
+    deadline = time.monotonic() + 300
+    try:
+        while not any(waiting in line for line in out):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(out)[-4000:]
+            with contextlib.suppress(queue.Empty):
+                out.append(lines.get(timeout=1))
+        assert not any("tokenize_publish" in line and "starting" in line for line in out)
+        store.put(f"{root}/2026-12-01/_SUCCESS", b"")  # the night's export finishes
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
+    time.sleep(0.5)
+    while not lines.empty():
+        out.append(lines.get())
+    log = "".join(out)
+    assert 'STATE="success"' in log, log[-4000:]
+    assert f"complete: {root}/2026-12-01/_SUCCESS present" in log
+
+    m = read_manifest(paths.run_dir("sample_s3", "2026-12-01"))
+    assert m.source_uri == f"{root}/2026-12-01"
+    assert [Path(f["path"]).name for f in m.source_files] == [p.name for p in files]
+    for f, p in zip(m.source_files, files, strict=True):
+        assert f["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest() and f["bytes"] == p.stat().st_size
+    assert m.docs_in == m.docs_kept + sum(m.docs_dropped.values()) > 0
+    assert len(skafka.read_all(kafka_config, m.topic)) == m.sequences > 0

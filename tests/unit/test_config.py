@@ -15,6 +15,9 @@ def _data() -> dict:
 
 
 def test_every_shipped_corpus_validates():
+    examples = {c.name: c for c in load_all(paths.REPO_ROOT / "corpora" / "examples")}
+    assert examples["sample_s3"].source.render("2026-12-01") == "s3://corpora/sample/2026-12-01"
+    assert examples["sample_hdfs"].source.render("2026-12-01").startswith("hdfs://127.0.0.1:39820/")
     configs = load_all(paths.REPO_ROOT / "corpora")
     assert "sample" in [c.name for c in configs]
     cfg = load_corpus(SAMPLE)
@@ -32,6 +35,9 @@ def test_every_shipped_corpus_validates():
         (("topic", "min_insync_replicas"), 2, r"must be in \[1, replication_factor=1\]"),
         (("topic", "partitions"), 3, r"topic.partitions = 3: must be a multiple of train.world_size \(2\)"),
         (("source", "uri"), "ftp://x/y", r"scheme 'ftp' is not one of"),
+        (("source", "uri"), "s3:///nights/{ds}", r"source.uri = 's3:///nights/{ds}': names no bucket"),
+        (("source", "uri"), "hdfs:///corpora", r"names no NameNode: write hdfs://<namenode>:<port>/<path>"),
+        (("source", "webhdfs_url"), "namenode:9870", r"source.webhdfs_url = 'namenode:9870': must be an http"),
         (("clean", "normalization"), "NFD", r"clean.normalization = 'NFD'"),
         (("schedule", "cron"), "nightly", r"schedule.cron = 'nightly': must have 5 fields"),
         (("schedule", "start_date"), "yesterday", r"schedule.start_date = 'yesterday': must be a date"),

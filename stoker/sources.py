@@ -1,0 +1,384 @@
+"""Where a night's drop lives, as the control plane sees it: local folders, S3 and HDFS.
+
+Spark reads the data itself (S3A, the HDFS client pyspark ships). This module answers the small
+questions around that read, in seconds and with errors a person can act on:
+
+* ``await_source``: is the drop complete (its success marker, or any data file, is present)?
+* the job's preflight: can the store be reached, do the credentials work, does the bucket exist?
+  A bad credential or an unreachable NameNode fails here, named, before Spark starts reading and
+  before anything (a manifest, a topic) is written.
+
+S3 goes through boto3 with short timeouts; HDFS through the NameNode's WebHDFS REST API (the
+standard library is enough). Credentials come from an Airflow connection of the Amazon provider's
+shape (``aws_default``: login = access key id, password = secret key, extra ``endpoint_url``,
+``region_name``, ``aws_session_token``) or from the usual AWS environment variables, and reach
+Spark as ``fs.s3a.*`` settings (:meth:`S3Settings.hadoop_conf`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from stoker.exceptions import SourceError
+
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 15.0
+WEBHDFS_DEFAULT_PORT = 9870
+
+
+def is_data_file(name: str) -> bool:
+    """Spark's rule: files whose name starts with ``_`` or ``.`` (markers, checksums) are not data."""
+    return not name.startswith(("_", "."))
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    uri: str
+    size: int
+    etag: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------- S3
+
+
+@dataclass(frozen=True, slots=True)
+class S3Settings:
+    """How to reach an S3-compatible store. ``None`` fields fall back to the SDKs' own defaults
+    (the AWS environment, shared config files, instance roles)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    path_style: bool | None = None
+    """Path-style addressing (``endpoint/bucket/key``); on by default with a custom endpoint,
+    which is what S3-compatible servers (SeaweedFS, Ceph, MinIO) expect."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
+        e = os.environ if env is None else env
+        style = e.get("STOKER_S3_PATH_STYLE")
+        return cls(endpoint_url=e.get("AWS_ENDPOINT_URL_S3") or e.get("AWS_ENDPOINT_URL") or None,
+                   region=e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or None,
+                   access_key=e.get("AWS_ACCESS_KEY_ID") or None, secret_key=e.get("AWS_SECRET_ACCESS_KEY") or None,
+                   session_token=e.get("AWS_SESSION_TOKEN") or None,
+                   path_style=None if style is None else style.lower() in ("1", "true", "yes"))
+
+    @classmethod
+    def from_connection(cls, login: str | None, password: str | None, extra: Mapping[str, Any]) -> S3Settings:
+        """An Airflow connection of the Amazon provider's shape."""
+        style = extra.get("s3_path_style", extra.get("path_style"))
+        return cls(endpoint_url=extra.get("endpoint_url") or None,
+                   region=extra.get("region_name") or extra.get("region") or None,
+                   access_key=login or extra.get("aws_access_key_id") or None,
+                   secret_key=password or extra.get("aws_secret_access_key") or None,
+                   session_token=extra.get("aws_session_token") or None,
+                   path_style=None if style is None else bool(style))
+
+    @property
+    def use_path_style(self) -> bool:
+        return self.path_style if self.path_style is not None else self.endpoint_url is not None
+
+    def to_env(self) -> dict[str, str]:
+        """The same settings as environment variables, for a child process (spark-submit)."""
+        pairs = {"AWS_ENDPOINT_URL_S3": self.endpoint_url, "AWS_REGION": self.region,
+                 "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                 "AWS_SESSION_TOKEN": self.session_token,
+                 "STOKER_S3_PATH_STYLE": None if self.path_style is None else str(self.path_style).lower()}
+        return {k: v for k, v in pairs.items() if v is not None}
+
+    def hadoop_conf(self) -> dict[str, str]:
+        """``fs.s3a.*`` for Spark's Hadoop configuration (Spark redacts the keys in its UI and logs)."""
+        conf = {
+            "fs.s3a.path.style.access": str(self.use_path_style).lower(),
+            # Spark reads every file whole (binaryFile): no random-access read-ahead games
+            "fs.s3a.input.fadvise": "sequential",
+            # the preflight has already proven the store reachable: keep retries short and bounded
+            "fs.s3a.connection.establish.timeout": "5s",
+            "fs.s3a.attempts.maximum": "3",
+            "fs.s3a.retry.limit": "3",
+        }
+        if self.endpoint_url:
+            conf["fs.s3a.endpoint"] = self.endpoint_url
+            conf["fs.s3a.connection.ssl.enabled"] = str(self.endpoint_url.startswith("https")).lower()
+        conf["fs.s3a.endpoint.region"] = self.region or "us-east-1"
+        if self.access_key and self.secret_key:
+            conf["fs.s3a.access.key"] = self.access_key
+            conf["fs.s3a.secret.key"] = self.secret_key
+            if self.session_token:
+                conf["fs.s3a.session.token"] = self.session_token
+                conf["fs.s3a.aws.credentials.provider"] = \
+                    "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+            else:
+                conf["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+        return conf
+
+    def describe(self) -> str:
+        return self.endpoint_url or "AWS S3"
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` (or ``s3a://``) → ``("bucket", "a/b")``."""
+    rest = uri.split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise SourceError(f"source uri {uri!r}: no bucket: write s3://<bucket>/<prefix>")
+    return bucket, key
+
+
+class S3Store:
+    def __init__(self, settings: S3Settings) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.settings = settings
+        cfg = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                     retries={"total_max_attempts": 2, "mode": "standard"},
+                     s3={"addressing_style": "path" if settings.use_path_style else "auto"})
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=settings.endpoint_url, region_name=settings.region or "us-east-1",
+            aws_access_key_id=settings.access_key, aws_secret_access_key=settings.secret_key,
+            aws_session_token=settings.session_token, config=cfg)
+
+    def _call(self, uri: str, fn: Any, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
+        bucket = kwargs.get("Bucket")
+        where = f"{uri} at {self.settings.describe()}"
+        try:
+            return fn(**kwargs)
+        except ClientError as e:
+            err = e.response.get("Error", {})
+            code, status = str(err.get("Code", "")), e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "NoSuchBucket" or (code in ("404", "NotFound") and "Key" not in kwargs):
+                raise SourceError(f"{where}: bucket {bucket!r} does not exist (NoSuchBucket): create it, or fix "
+                                  "source.uri") from None
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
+                        "InvalidToken", "ExpiredToken") or status == 403:
+                raise SourceError(f"{where}: the store refused the credentials ({code or status}: "
+                                  f"{err.get('Message', '')}): check the access key and secret of the Airflow "
+                                  "connection (source.aws_conn_id) or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, and "
+                                  f"that they may list and read bucket {bucket!r}") from None
+            raise SourceError(f"{where}: {code or status}: {err.get('Message', e)}") from None
+        except NoCredentialsError:
+            raise SourceError(f"{where}: no S3 credentials: set them in the Airflow connection named by "
+                              "source.aws_conn_id, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY") from None
+        except EndpointConnectionError as e:
+            raise SourceError(f"{where}: cannot reach the S3 endpoint ({e}): check endpoint_url and that the "
+                              "store is up") from None
+        except BotoCoreError as e:
+            raise SourceError(f"{where}: {type(e).__name__}: {e}: check endpoint_url and that the store is up") \
+                from None
+
+    def list_files(self, uri: str) -> list[FileInfo]:
+        """Every object under the prefix (markers included), recursively, in key order."""
+        bucket, key = split_s3(uri)
+        prefix = key.rstrip("/") + "/" if key else ""
+        out: list[FileInfo] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+            if token:
+                kw["ContinuationToken"] = token
+            page = self._call(uri, self.client.list_objects_v2, **kw)
+            out += [FileInfo(f"s3://{bucket}/{o['Key']}", int(o["Size"]), str(o.get("ETag", "")).strip('"') or None)
+                    for o in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return sorted(out, key=lambda f: f.uri)
+            token = page.get("NextContinuationToken")
+
+    def exists(self, uri: str) -> bool:
+        # a listing, not HEAD: a missing bucket or a refused credential then says so instead of 404
+        bucket, key = split_s3(uri)
+        page = self._call(uri, self.client.list_objects_v2, Bucket=bucket, Prefix=key, MaxKeys=1)
+        return any(o["Key"] == key for o in page.get("Contents", []))
+
+    def check(self, uri: str) -> None:
+        bucket, _ = split_s3(uri)
+        self._call(uri, self.client.list_objects_v2, Bucket=bucket, MaxKeys=1)
+
+    def put(self, uri: str, data: bytes) -> None:
+        bucket, key = split_s3(uri)
+        self._call(uri, self.client.put_object, Bucket=bucket, Key=key, Body=data)
+
+
+# --------------------------------------------------------------------------------------------- HDFS
+
+
+def webhdfs_url_for(uri: str, webhdfs_url: str | None = None) -> str:
+    """The NameNode's HTTP address: given, or ``http://<namenode host>:9870`` (Hadoop 3's default)."""
+    if webhdfs_url:
+        return webhdfs_url.rstrip("/")
+    host = urllib.parse.urlsplit(uri).hostname
+    if not host:
+        raise SourceError(f"source uri {uri!r}: no NameNode: write hdfs://<namenode>:<port>/<path>")
+    return f"http://{host}:{WEBHDFS_DEFAULT_PORT}"
+
+
+class HdfsStore:
+    """WebHDFS (the NameNode's REST API): the same namespace Spark reads over RPC."""
+
+    def __init__(self, webhdfs_url: str | None = None, user: str | None = None) -> None:
+        self.webhdfs_url = webhdfs_url
+        self.user = user or os.environ.get("HADOOP_USER_NAME") or _login()
+
+    def _url(self, uri: str, op: str, **params: str) -> str:
+        path = urllib.parse.urlsplit(uri).path or "/"
+        q = urllib.parse.urlencode({"op": op, "user.name": self.user, **params})
+        return f"{webhdfs_url_for(uri, self.webhdfs_url)}/webhdfs/v1{urllib.parse.quote(path)}?{q}"
+
+    def _request(self, uri: str, url: str, method: str = "GET", data: bytes | None = None) -> Any:
+        base = webhdfs_url_for(uri, self.webhdfs_url)
+        req = urllib.request.Request(url, method=method, data=data)
+        try:
+            with urllib.request.urlopen(req, timeout=CONNECT_TIMEOUT_S) as r:
+                body = r.read()
+        except urllib.error.HTTPError as e:
+            detail = _remote_exception(e)
+            if e.code == 404:
+                return None
+            if e.code in (401, 403):
+                raise SourceError(f"{uri}: the NameNode at {base} refused user {self.user!r} ({detail}): set "
+                                  "HADOOP_USER_NAME or grant the user read access") from None
+            raise SourceError(f"{uri}: the NameNode at {base} answered {e.code} ({detail})") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise SourceError(f"{uri}: cannot reach the NameNode's WebHDFS at {base} ({reason}): check the "
+                              "hdfs:// host and that the NameNode is up (source.webhdfs_url sets its HTTP "
+                              "address when it is not <host>:9870)") from None
+        return json.loads(body) if body else {}
+
+    def list_files(self, uri: str) -> list[FileInfo]:
+        out: list[FileInfo] = []
+        root = uri.rstrip("/")
+        listing = self._request(uri, self._url(root, "LISTSTATUS"))
+        if listing is None:
+            return []
+        for st in listing["FileStatuses"]["FileStatus"]:
+            child = f"{root}/{st['pathSuffix']}"
+            if st["type"] == "DIRECTORY":
+                out += self.list_files(child)
+            else:
+                out.append(FileInfo(child, int(st["length"])))
+        return sorted(out, key=lambda f: f.uri)
+
+    def exists(self, uri: str) -> bool:
+        return self._request(uri, self._url(uri, "GETFILESTATUS")) is not None
+
+    def check(self, uri: str) -> None:
+        root = urllib.parse.urlunsplit(urllib.parse.urlsplit(uri)._replace(path="/"))
+        self._request(uri, self._url(root, "GETFILESTATUS"))
+
+    def put(self, uri: str, data: bytes) -> None:
+        """Create (overwrite) a file: the NameNode redirects the write to a DataNode."""
+        parent = uri.rsplit("/", 1)[0]
+        self._request(uri, self._url(parent, "MKDIRS"), method="PUT")
+        req = urllib.request.Request(self._url(uri, "CREATE", overwrite="true"), method="PUT")
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            opener.open(req, timeout=CONNECT_TIMEOUT_S)
+            raise SourceError(f"{uri}: WebHDFS CREATE did not redirect to a DataNode")
+        except urllib.error.HTTPError as e:
+            if e.code != 307:
+                raise SourceError(f"{uri}: WebHDFS CREATE answered {e.code} ({_remote_exception(e)})") from None
+            location = e.headers["Location"]
+        self._request(uri, location, method="PUT", data=data)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _remote_exception(e: urllib.error.HTTPError) -> str:
+    try:
+        r = json.loads(e.read() or b"{}").get("RemoteException", {})
+        return f"{r.get('exception', e.code)}: {r.get('message', '')}"
+    except ValueError:
+        return str(e.code)
+
+
+def _login() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "stoker"
+
+
+# -------------------------------------------------------------------------------------------- local
+
+
+class LocalStore:
+    def _path(self, uri: str) -> Path:
+        from stoker.paths import resolve_local
+
+        return resolve_local(uri)
+
+    def list_files(self, uri: str) -> list[FileInfo]:
+        root = self._path(uri)
+        if root.is_file():
+            return [FileInfo(str(root), root.stat().st_size)]
+        if not root.is_dir():
+            return []
+        return sorted((FileInfo(str(p), p.stat().st_size) for p in root.rglob("*") if p.is_file()),
+                      key=lambda f: f.uri)
+
+    def exists(self, uri: str) -> bool:
+        return self._path(uri).exists()
+
+    def check(self, uri: str) -> None:
+        return None
+
+    def put(self, uri: str, data: bytes) -> None:
+        p = self._path(uri)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+class Store(Protocol):
+    def list_files(self, uri: str) -> list[FileInfo]: ...
+    def exists(self, uri: str) -> bool: ...
+    def check(self, uri: str) -> None: ...
+    def put(self, uri: str, data: bytes) -> None: ...
+
+
+def scheme_of(uri: str) -> str:
+    return uri.split("://", 1)[0].lower() if "://" in uri else "file"
+
+
+def open_store(uri: str, *, s3: S3Settings | None = None, webhdfs_url: str | None = None) -> Store:
+    scheme = scheme_of(uri)
+    if scheme in ("s3", "s3a"):
+        return S3Store(s3 or S3Settings.from_env())
+    if scheme == "hdfs":
+        return HdfsStore(webhdfs_url)
+    if scheme == "file":
+        return LocalStore()
+    raise SourceError(f"source uri {uri!r}: scheme {scheme!r} is not one of file, s3, s3a, hdfs")
+
+
+def join(uri: str, name: str) -> str:
+    return uri.rstrip("/") + "/" + name
+
+
+def drop_status(store: Store, uri: str, success_marker: str | None) -> tuple[bool, str]:
+    """(complete?, what was seen) for one night's drop at ``uri``. Raises :class:`SourceError`
+    for a store that cannot answer (unreachable, refused credentials, missing bucket)."""
+    if success_marker:
+        marker = join(uri, success_marker)
+        if store.exists(marker):
+            return True, f"{marker} present"
+        return False, f"waiting for {marker}"
+    data = [f for f in store.list_files(uri) if is_data_file(f.uri.rsplit("/", 1)[-1])]
+    return (True, f"{len(data)} data files") if data else (False, f"waiting for any data file under {uri}")

@@ -1,0 +1,22 @@
+"""Fixtures of the integration tests (the suite-wide ones are in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from small_corpus import write_corpus
+
+from stoker.config import load_corpus
+
+
+@pytest.fixture()
+def small_cfg(tmp_path, sample_corpus):
+    cfg = load_corpus(Path(__file__).resolve().parents[2] / "corpora" / "sample.yaml")
+    write_corpus(tmp_path / "corpus")
+    cfg.source = dataclasses.replace(cfg.source, uri=str(tmp_path / "corpus"))
+    cfg.tokenizer = dataclasses.replace(cfg.tokenizer, path=str(sample_corpus["tokenizer"]))
+    cfg.pack = dataclasses.replace(cfg.pack, seq_len=64)
+    cfg.publish = dataclasses.replace(cfg.publish, spark_partitions=3)
+    return cfg
