@@ -2,6 +2,7 @@
 
   stoker up | down | status          the whole local stack: Kafka, PostgreSQL, Airflow (UI on :8080)
   stoker kafka up|down|status        the embedded single-node KRaft broker alone
+  stoker storage up|down|status      local S3 (SeaweedFS) and HDFS holding the sample corpus (corpora/examples)
   stoker sample-corpus               make the sample corpus and train its tokenizer (offline)
   stoker refresh <corpus> [--ds D]   run refresh_<corpus> once through Airflow (dags test), then summarise
   stoker runs show [RUN] [--latest] [--json]
@@ -29,6 +30,20 @@ def _kafka(args: argparse.Namespace) -> int:
         print("kafka stopped" if stack.down() else "kafka was not running")
     else:
         print(stack.status_json())
+    return 0
+
+
+def _storage(args: argparse.Namespace) -> int:
+    from stoker import servers
+
+    if args.action == "up":
+        ds = args.ds or datetime.now(UTC).date().isoformat()
+        servers.storage_up(ds, tuple(args.only or ("s3", "hdfs")))
+        print(f"Try          STOKER_CORPORA=corpora/examples stoker refresh sample_s3 --ds {ds}   (or sample_hdfs)")
+    elif args.action == "down":
+        servers.storage_down()
+    else:
+        print(json.dumps(servers.storage_status(), indent=2))
     return 0
 
 
@@ -144,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kafka", help="the embedded Kafka broker")
     k.add_argument("action", choices=["up", "down", "status"])
     k.set_defaults(fn=_kafka)
+    st = sub.add_parser("storage", help="local S3 and HDFS servers holding the sample corpus, for corpora/examples")
+    st.add_argument("action", choices=["up", "down", "status"])
+    st.add_argument("--ds", help="the night to copy the sample corpus to (default: today, UTC)")
+    st.add_argument("--only", action="append", choices=["s3", "hdfs"], help="start only this one (repeatable)")
+    st.set_defaults(fn=_storage)
     s = sub.add_parser("sample-corpus", help="make the sample corpus and its tokenizer")
     s.add_argument("--out")
     s.add_argument("--tokenizer-dir")

@@ -83,6 +83,12 @@ def test_the_image_installs_the_lock_with_the_makefiles_uv(compose):
     assert "COPY requirements.lock" in dockerfile and (REPO / "requirements.lock").is_file()
     assert "openjdk-17" in dockerfile  # Spark needs a JVM
     assert "python:3.11" in dockerfile
+    # s3:// corpora: the S3A jars where stoker.connectors looks for them, from the same pom as `make setup`
+    from stoker.connectors import HADOOP_VERSION
+
+    assert "COPY stoker/connectors/pom.xml" in dockerfile and (REPO / "stoker/connectors/pom.xml").is_file()
+    assert f"-DoutputDirectory=/opt/stoker-cache/s3a-{HADOOP_VERSION}/jars" in dockerfile
+    assert "STOKER_CACHE=/opt/stoker-cache" in dockerfile
 
 
 def test_airflow_commands_are_real_cli_commands(compose):
