@@ -126,13 +126,13 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _format_storage(b: Broker) -> None:
+def _format_storage(b: Broker, cluster_id: str | None = None) -> None:
     if (b.home / "data" / "meta.properties").exists():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = cluster_id or base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     cmd = [_java(), "-cp", _classpath(), f"-Dlog4j2.configurationFile={_log4j_config()}",
            f"-Dkafka.logs.dir={b.log_dir}", "kafka.tools.StorageTool", "format",
-           "-t", cluster_id, "-c", str(b.config_file)]
+           f"--cluster-id={cluster_id}", "-c", str(b.config_file)]  # `=`: an id may start with '-'
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if res.returncode != 0:
         raise StackError(f"formatting Kafka storage in {b.home / 'data'} failed: {res.stdout}{res.stderr}")

@@ -6,6 +6,15 @@
 set -euo pipefail
 ver=$1 out=$2
 mod=github.com/seaweedfs/seaweedfs
+# SeaweedFS's go.mod asks for Go 1.26.6. An older Go (1.21+) fetches that toolchain from the module proxy.
+have=$(go env GOVERSION | sed 's/^go//')
+if [ "$(printf '%s\n' 1.26.6 "$have" | sort -V | head -1)" != 1.26.6 ]; then
+  if [ "$(printf '%s\n' 1.21 "$have" | sort -V | head -1)" != 1.21 ]; then
+    echo "build-seaweedfs: Go $have is too old (it cannot fetch a newer toolchain): install Go 1.26+" >&2
+    exit 1
+  fi
+  export GOTOOLCHAIN=go1.26.8
+fi
 dir=$(go mod download -json "$mod@$ver" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
 [ -d "$dir" ] || { echo "build-seaweedfs: go mod download $mod@$ver gave no folder" >&2; exit 1; }
 work=$(mktemp -d)

@@ -86,7 +86,8 @@ def cluster():
             cfg.write_text("".join(f"{k}={v}\n" for k, v in sorted(p.items())))
             jvm = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={home / 'logs'}",
                    "-cp", cp]
-            fmt = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(cfg)],
+            fmt = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                                  "-c", str(cfg)],
                                  capture_output=True, text=True, timeout=120)
             assert fmt.returncode == 0, f"{name}: storage format refused the settings:\n{fmt.stdout}{fmt.stderr}"
             with open(home / "logs" / "stdout.log", "wb") as out:

@@ -62,3 +62,13 @@ def test_pyspark_and_its_client_agree_and_arrow_udfs_work(spark):
 
     rows = spark.range(100).mapInArrow(double, "x long").collect()
     assert sorted(r.x for r in rows) == [2 * i for i in range(100)]
+
+
+def test_storage_formats_with_a_cluster_id_that_starts_with_a_dash(tmp_path):
+    """One random id in 64 starts with '-' (base64url): the format command must not read it as an option
+    (it did, and failed CI once)."""
+    b = stack.Broker(home=tmp_path / "kafka", port=39792)
+    b.home.mkdir()
+    b.config_file.write_text(stack._server_properties(b))
+    stack._format_storage(b, cluster_id="-AbCdEfGhIjKlMnOpQrStU")
+    assert "cluster.id=-AbCdEfGhIjKlMnOpQrStU" in (b.home / "data" / "meta.properties").read_text()
