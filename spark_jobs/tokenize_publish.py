@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -110,7 +111,7 @@ def preflight_source(spark, cfg: CorpusConfig, uri: str) -> dict[str, str]:
     """Configure Spark's Hadoop client for the source and prove the store answers before Spark
     reads: an unreachable store, a refused credential, a missing bucket or an empty drop raises a
     named error in seconds. Returns the ETags the store reported (S3), keyed without scheme."""
-    from stoker.sources import S3Settings, is_data_file, open_store
+    from stoker.sources import S3Settings, is_data_path, open_store
 
     hconf = spark.sparkContext._jsc.hadoopConfiguration()
     wanted = source_hadoop_conf(uri)
@@ -121,7 +122,7 @@ def preflight_source(spark, cfg: CorpusConfig, uri: str) -> dict[str, str]:
     for k, v in wanted.items():
         hconf.set(k, v)
     store = open_store(uri, s3=S3Settings.from_env(), webhdfs_url=cfg.source.webhdfs_url)
-    listed = [f for f in store.list_files(uri) if is_data_file(f.uri.rsplit("/", 1)[-1])]
+    listed = [f for f in store.list_files(uri) if is_data_path(uri, f.uri)]
     if not listed:
         raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored): "
                           "is this the right night's folder?")
@@ -212,9 +213,16 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     # preflight: the store answers, the credentials work, the drop holds data (seconds, named errors)
     etags = preflight_source(spark, cfg, uri)
     # lineage: every file read, with its size and content checksum (computed where the bytes are)
-    files = [r.asDict() for r in spark.read.format("binaryFile").load(_spark_path(uri))
-             .select("path", "length", "modificationTime", F.sha2("content", 256).alias("sha256"))
-             .orderBy("path").collect()]
+    try:
+        files = [r.asDict() for r in spark.read.format("binaryFile").load(_spark_path(uri))
+                 .select("path", "length", "modificationTime", F.sha2("content", 256).alias("sha256"))
+                 .orderBy("path").collect()]
+    except Exception as e:  # noqa: BLE001 - Py4J/Spark errors: name the source, keep the JVM's first line
+        from stoker.exceptions import SourceError
+
+        first = next((line.strip() for line in str(e).splitlines() if "Exception" in line), str(e)[:300])
+        raise SourceError(f"{uri}: Spark cannot read it ({first[:400]}): the store answered the preflight but not "
+                          "Spark's own client; check the hdfs:// RPC port or the S3A settings", transient=True) from e
     if not files:
         raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored)")
     for f in files:
@@ -329,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
              # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
              .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false"))
     uri = cfg.source.render(args.ds)
-    if uri.startswith(("s3://", "s3a://")):  # a plain `python` launch; spark-submit gets --jars from the operator
+    if uri.startswith(("s3://", "s3a://")) and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # a plain `python` launch starts the JVM here; under spark-submit the operator gave --jars
         from stoker.connectors import s3a_jars
 
         spark = spark.config("spark.jars", ",".join(str(j) for j in s3a_jars()))

@@ -26,4 +26,12 @@ class KafkaTimeout(StokerError, TimeoutError):
 
 
 class SourceError(StokerError):
-    """A corpus source (local folder, S3 bucket, HDFS) cannot be reached or read."""
+    """A corpus source (local folder, S3 bucket, HDFS) cannot be reached or read.
+
+    ``transient``: the store may answer later (unreachable, timed out, throttled, 5xx, a standby
+    NameNode), so a retry can help; otherwise (refused credential, missing bucket, wrong address)
+    nothing changes until a person fixes the settings."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient

@@ -36,7 +36,18 @@ WEBHDFS_DEFAULT_PORT = 9870
 
 def is_data_file(name: str) -> bool:
     """Spark's rule: files whose name starts with ``_`` or ``.`` (markers, checksums) are not data."""
-    return not name.startswith(("_", "."))
+    return bool(name) and not name.startswith(("_", "."))
+
+
+def is_data_path(root: str, uri: str) -> bool:
+    """``uri`` (below ``root``) is data: no part of its path under the root is hidden, so files in
+    ``_temporary/`` (a writer still at work) and folder-marker keys (``night/``) are not."""
+    root = root.rstrip("/")
+    rel = uri[len(root):] if uri.startswith(root + "/") else uri.rsplit("/", 1)[-1]
+    if rel.endswith("/"):
+        return False
+    parts = [p for p in rel.split("/") if p]
+    return bool(parts) and all(is_data_file(p) for p in parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,17 +77,18 @@ class S3Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> S3Settings:
         e = os.environ if env is None else env
-        style = e.get("STOKER_S3_PATH_STYLE")
+        style = e.get("STOKER_S3_PATH_STYLE") or None
         return cls(endpoint_url=e.get("AWS_ENDPOINT_URL_S3") or e.get("AWS_ENDPOINT_URL") or None,
                    region=e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or None,
                    access_key=e.get("AWS_ACCESS_KEY_ID") or None, secret_key=e.get("AWS_SECRET_ACCESS_KEY") or None,
                    session_token=e.get("AWS_SESSION_TOKEN") or None,
-                   path_style=None if style is None else style.lower() in ("1", "true", "yes"))
+                   path_style=None if style is None else _truthy(style))
 
     @classmethod
     def from_connection(cls, login: str | None, password: str | None, extra: Mapping[str, Any]) -> S3Settings:
         """An Airflow connection of the Amazon provider's shape."""
         style = extra.get("s3_path_style", extra.get("path_style"))
+        style = _truthy(style) if isinstance(style, str) else style
         return cls(endpoint_url=extra.get("endpoint_url") or None,
                    region=extra.get("region_name") or extra.get("region") or None,
                    access_key=login or extra.get("aws_access_key_id") or None,
@@ -88,12 +100,17 @@ class S3Settings:
     def use_path_style(self) -> bool:
         return self.path_style if self.path_style is not None else self.endpoint_url is not None
 
-    def to_env(self) -> dict[str, str]:
-        """The same settings as environment variables, for a child process (spark-submit)."""
+    def to_env(self, complete: bool = False) -> dict[str, str]:
+        """The same settings as environment variables, for a child process (spark-submit). With
+        ``complete``, unset fields are set to ``""`` (read back as unset), so nothing of the parent's
+        own AWS environment (a stale session token, another endpoint) mixes with them."""
         pairs = {"AWS_ENDPOINT_URL_S3": self.endpoint_url, "AWS_REGION": self.region,
                  "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
                  "AWS_SESSION_TOKEN": self.session_token,
                  "STOKER_S3_PATH_STYLE": None if self.path_style is None else str(self.path_style).lower()}
+        if complete:
+            return {**dict.fromkeys(("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"), ""),
+                    **{k: v or "" for k, v in pairs.items()}}
         return {k: v for k, v in pairs.items() if v is not None}
 
     def hadoop_conf(self) -> dict[str, str]:
@@ -126,6 +143,10 @@ class S3Settings:
         return self.endpoint_url or "AWS S3"
 
 
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 def split_s3(uri: str) -> tuple[str, str]:
     """``s3://bucket/a/b`` (or ``s3a://``) → ``("bucket", "a/b")``."""
     rest = uri.split("://", 1)[1]
@@ -150,7 +171,15 @@ class S3Store:
             aws_session_token=settings.session_token, config=cfg)
 
     def _call(self, uri: str, fn: Any, **kwargs: Any) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            ReadTimeoutError,
+        )
 
         bucket = kwargs.get("Bucket")
         where = f"{uri} at {self.settings.describe()}"
@@ -162,6 +191,10 @@ class S3Store:
             if code == "NoSuchBucket" or (code in ("404", "NotFound") and "Key" not in kwargs):
                 raise SourceError(f"{where}: bucket {bucket!r} does not exist (NoSuchBucket): create it, or fix "
                                   "source.uri") from None
+            if code in ("SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+                        "ServiceUnavailable", "503", "500") or (isinstance(status, int) and status >= 500):
+                raise SourceError(f"{where}: the store is failing or throttling ({code or status}: "
+                                  f"{err.get('Message', '')}): try again later", transient=True) from None
             if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
                         "InvalidToken", "ExpiredToken") or status == 403:
                 raise SourceError(f"{where}: the store refused the credentials ({code or status}: "
@@ -172,9 +205,9 @@ class S3Store:
         except NoCredentialsError:
             raise SourceError(f"{where}: no S3 credentials: set them in the Airflow connection named by "
                               "source.aws_conn_id, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY") from None
-        except EndpointConnectionError as e:
+        except (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError, ReadTimeoutError) as e:
             raise SourceError(f"{where}: cannot reach the S3 endpoint ({e}): check endpoint_url and that the "
-                              "store is up") from None
+                              "store is up", transient=True) from None
         except BotoCoreError as e:
             raise SourceError(f"{where}: {type(e).__name__}: {e}: check endpoint_url and that the store is up") \
                 from None
@@ -194,7 +227,10 @@ class S3Store:
                     for o in page.get("Contents", [])]
             if not page.get("IsTruncated"):
                 return sorted(out, key=lambda f: f.uri)
-            token = page.get("NextContinuationToken")
+            if not page.get("NextContinuationToken") or page["NextContinuationToken"] == token:
+                raise SourceError(f"{uri} at {self.settings.describe()}: the store said the listing goes on but "
+                                  "gave no new continuation token (not S3-compatible here)", transient=True)
+            token = page["NextContinuationToken"]
 
     def exists(self, uri: str) -> bool:
         # a listing, not HEAD: a missing bucket or a refused credential then says so instead of 404
@@ -225,16 +261,25 @@ def webhdfs_url_for(uri: str, webhdfs_url: str | None = None) -> str:
 
 
 class HdfsStore:
-    """WebHDFS (the NameNode's REST API): the same namespace Spark reads over RPC."""
+    """WebHDFS (the NameNode's REST API): the same namespace Spark reads over RPC.
+
+    Paths are kept as raw HDFS paths apart from the ``hdfs://host:port`` part, so names with
+    ``#``, ``?`` or ``%`` are quoted once, never re-parsed."""
 
     def __init__(self, webhdfs_url: str | None = None, user: str | None = None) -> None:
         self.webhdfs_url = webhdfs_url
         self.user = user or os.environ.get("HADOOP_USER_NAME") or _login()
 
-    def _url(self, uri: str, op: str, **params: str) -> str:
-        path = urllib.parse.urlsplit(uri).path or "/"
+    @staticmethod
+    def _split(uri: str) -> tuple[str, str]:
+        """``hdfs://nn:8020/a/b`` → (``hdfs://nn:8020``, ``/a/b``)."""
+        scheme, rest = uri.split("://", 1)
+        authority, _, path = rest.partition("/")
+        return f"{scheme}://{authority}", "/" + path
+
+    def _url(self, base: str, path: str, op: str, **params: str) -> str:
         q = urllib.parse.urlencode({"op": op, "user.name": self.user, **params})
-        return f"{webhdfs_url_for(uri, self.webhdfs_url)}/webhdfs/v1{urllib.parse.quote(path)}?{q}"
+        return f"{webhdfs_url_for(base, self.webhdfs_url)}/webhdfs/v1{urllib.parse.quote(path, safe='/')}?{q}"
 
     def _request(self, uri: str, url: str, method: str = "GET", data: bytes | None = None) -> Any:
         base = webhdfs_url_for(uri, self.webhdfs_url)
@@ -243,9 +288,15 @@ class HdfsStore:
             with urllib.request.urlopen(req, timeout=CONNECT_TIMEOUT_S) as r:
                 body = r.read()
         except urllib.error.HTTPError as e:
-            detail = _remote_exception(e)
-            if e.code == 404:
+            exc, detail = _remote_exception(e)
+            if e.code == 404 and exc == "FileNotFoundException":
                 return None
+            if e.code == 404:
+                raise SourceError(f"{uri}: {base} answered 404 without a WebHDFS error ({detail}): it is not the "
+                                  "NameNode's WebHDFS; fix source.webhdfs_url (http://<namenode>:9870)") from None
+            if exc in ("StandbyException", "RetriableException", "SafeModeException") or e.code >= 500:
+                raise SourceError(f"{uri}: the NameNode at {base} cannot serve now ({detail}): try again later",
+                                  transient=True) from None
             if e.code in (401, 403):
                 raise SourceError(f"{uri}: the NameNode at {base} refused user {self.user!r} ({detail}): set "
                                   "HADOOP_USER_NAME or grant the user read access") from None
@@ -254,42 +305,52 @@ class HdfsStore:
             reason = getattr(e, "reason", e)
             raise SourceError(f"{uri}: cannot reach the NameNode's WebHDFS at {base} ({reason}): check the "
                               "hdfs:// host and that the NameNode is up (source.webhdfs_url sets its HTTP "
-                              "address when it is not <host>:9870)") from None
-        return json.loads(body) if body else {}
+                              "address when it is not <host>:9870)", transient=True) from None
+        try:
+            return json.loads(body) if body else {}
+        except ValueError:
+            raise SourceError(f"{uri}: {base} did not answer WebHDFS JSON: fix source.webhdfs_url") from None
 
     def list_files(self, uri: str) -> list[FileInfo]:
+        """Every file under ``uri`` (or ``uri`` itself, when it is a file), recursively."""
+        base, root = self._split(uri)
         out: list[FileInfo] = []
-        root = uri.rstrip("/")
-        listing = self._request(uri, self._url(root, "LISTSTATUS"))
-        if listing is None:
-            return []
-        for st in listing["FileStatuses"]["FileStatus"]:
-            child = f"{root}/{st['pathSuffix']}"
-            if st["type"] == "DIRECTORY":
-                out += self.list_files(child)
-            else:
-                out.append(FileInfo(child, int(st["length"])))
+        todo = [root.rstrip("/") or "/"]
+        while todo:
+            path = todo.pop()
+            listing = self._request(uri, self._url(base, path, "LISTSTATUS"))
+            if listing is None:
+                continue
+            for st in listing["FileStatuses"]["FileStatus"]:
+                child = path if not st["pathSuffix"] else f"{path.rstrip('/')}/{st['pathSuffix']}"
+                if st["type"] == "DIRECTORY":
+                    todo.append(child)
+                else:
+                    out.append(FileInfo(base + child, int(st["length"])))
         return sorted(out, key=lambda f: f.uri)
 
     def exists(self, uri: str) -> bool:
-        return self._request(uri, self._url(uri, "GETFILESTATUS")) is not None
+        base, path = self._split(uri)
+        return self._request(uri, self._url(base, path, "GETFILESTATUS")) is not None
 
     def check(self, uri: str) -> None:
-        root = urllib.parse.urlunsplit(urllib.parse.urlsplit(uri)._replace(path="/"))
-        self._request(uri, self._url(root, "GETFILESTATUS"))
+        base, _ = self._split(uri)
+        if self._request(uri, self._url(base, "/", "GETFILESTATUS")) is None:
+            raise SourceError(f"{uri}: the root folder is missing: is {webhdfs_url_for(uri, self.webhdfs_url)} "
+                              "this cluster's NameNode?")
 
     def put(self, uri: str, data: bytes) -> None:
         """Create (overwrite) a file: the NameNode redirects the write to a DataNode."""
-        parent = uri.rsplit("/", 1)[0]
-        self._request(uri, self._url(parent, "MKDIRS"), method="PUT")
-        req = urllib.request.Request(self._url(uri, "CREATE", overwrite="true"), method="PUT")
+        base, path = self._split(uri)
+        self._request(uri, self._url(base, path.rsplit("/", 1)[0] or "/", "MKDIRS"), method="PUT")
+        req = urllib.request.Request(self._url(base, path, "CREATE", overwrite="true"), method="PUT")
         opener = urllib.request.build_opener(_NoRedirect)
         try:
             opener.open(req, timeout=CONNECT_TIMEOUT_S)
             raise SourceError(f"{uri}: WebHDFS CREATE did not redirect to a DataNode")
         except urllib.error.HTTPError as e:
             if e.code != 307:
-                raise SourceError(f"{uri}: WebHDFS CREATE answered {e.code} ({_remote_exception(e)})") from None
+                raise SourceError(f"{uri}: WebHDFS CREATE answered {e.code} ({_remote_exception(e)[1]})") from None
             location = e.headers["Location"]
         self._request(uri, location, method="PUT", data=data)
 
@@ -299,12 +360,14 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _remote_exception(e: urllib.error.HTTPError) -> str:
+def _remote_exception(e: urllib.error.HTTPError) -> tuple[str | None, str]:
+    """(the Java exception's simple name, a one-line description) of a WebHDFS error answer."""
     try:
         r = json.loads(e.read() or b"{}").get("RemoteException", {})
-        return f"{r.get('exception', e.code)}: {r.get('message', '')}"
-    except ValueError:
-        return str(e.code)
+    except (ValueError, AttributeError):
+        return None, f"HTTP {e.code}"
+    exc = r.get("exception")
+    return exc, f"{exc or e.code}: {r.get('message', '')}"
 
 
 def _login() -> str:
@@ -380,5 +443,5 @@ def drop_status(store: Store, uri: str, success_marker: str | None) -> tuple[boo
         if store.exists(marker):
             return True, f"{marker} present"
         return False, f"waiting for {marker}"
-    data = [f for f in store.list_files(uri) if is_data_file(f.uri.rsplit("/", 1)[-1])]
+    data = [f for f in store.list_files(uri) if is_data_path(uri, f.uri)]
     return (True, f"{len(data)} data files") if data else (False, f"waiting for any data file under {uri}")

@@ -100,6 +100,7 @@ def seaweed():
     from stoker.servers import SeaweedS3
 
     home = TEST_STATE / "seaweedfs"
+    SeaweedS3(home).stop()  # one an interrupted earlier session left running, if any
     shutil.rmtree(home, ignore_errors=True)
     with SeaweedS3(home) as server:
         server.create_bucket("corpora")
@@ -114,6 +115,7 @@ def hdfs():
     from stoker.servers import MiniHdfs
 
     home = TEST_STATE / "hdfs"
+    MiniHdfs(home).stop()
     shutil.rmtree(home, ignore_errors=True)
     with MiniHdfs(home) as server:
         yield server

@@ -70,7 +70,8 @@ class TokenizePublishOperator(SparkSubmitOperator):
             from stoker.connectors import s3a_jars
             from stoker_airflow.hooks import s3_settings
 
-            self.env_vars.update(s3_settings(self.aws_conn_id).to_env())
+            # complete: the connection's settings replace this worker's own AWS_* environment, never mix
+            self.env_vars.update(s3_settings(self.aws_conn_id).to_env(complete=True))
             self.jars = ",".join([*(self.jars.split(",") if self.jars else []), *map(str, s3a_jars())])
         super().execute(context)
         _annotate_outlets(self, context, Path(self.run_dir))

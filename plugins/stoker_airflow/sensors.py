@@ -22,8 +22,8 @@ class SourceReadySensor(BaseSensorOperator):
 
     Runs in ``reschedule`` mode: between pokes the task holds no worker slot. A store that cannot
     answer fails the poke at once with the reason: a refused credential or a missing bucket fails
-    the task for good (no retry can fix it); an unreachable store or NameNode fails this try, and
-    the DAG's retries try again.
+    the task for good (no retry can fix it); an unreachable, throttled or failing store (or a
+    standby NameNode) fails this try, and the DAG's retries try again.
     """
 
     template_fields: Sequence[str] = ("uri",)
@@ -57,8 +57,8 @@ class SourceReadySensor(BaseSensorOperator):
         try:
             ready, seen = drop_status(self._store(), uri, self.success_marker)
         except SourceError as e:
-            if "cannot reach" in str(e):
-                raise  # maybe transient: this try fails, a retry pokes again
+            if e.transient:
+                raise  # unreachable, throttled, a standby NameNode: this try fails, a retry pokes again
             raise AirflowFailException(str(e)) from None
         self.log.info("%s: %s", uri, "complete: " + seen if ready else seen)
         return ready

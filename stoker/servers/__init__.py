@@ -51,6 +51,14 @@ def hdfs_libs() -> Path:
     return libs
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, from its creation on (it holds a secret)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def free_ports(n: int, start: int = 20000, end: int = 60000) -> int:
     """The first of ``n`` consecutive ports on 127.0.0.1 that nothing listens on."""
     rng = secrets.SystemRandom()
@@ -115,13 +123,18 @@ class _Server:
 
     def _wait(self, ready: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise StackError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
-            with contextlib.suppress(Exception):
-                if ready():
-                    return
-            time.sleep(0.3)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise StackError(f"{self.name} exited with {self.proc.returncode} while starting:\n"
+                                     f"{self.log_tail()}")
+                with contextlib.suppress(Exception):
+                    if ready():
+                        return
+                time.sleep(0.3)
+        except BaseException:  # Ctrl-C, or the server died: leave nothing running in its own session
+            self.stop()
+            raise
         self.stop()
         raise StackError(f"{self.name} did not become ready in {timeout:.0f}s:\n{self.log_tail()}")
 
@@ -189,13 +202,11 @@ class SeaweedS3(_Server):
         data = self.home / "data"
         data.mkdir(parents=True, exist_ok=True)
         creds = self.home / "credentials.json"
-        creds.write_text(json.dumps({"access_key": self.access_key, "secret_key": self.secret_key}))
-        creds.chmod(0o600)
+        write_private(creds, json.dumps({"access_key": self.access_key, "secret_key": self.secret_key}))
         config = self.home / "s3.json"
-        config.write_text(json.dumps({"identities": [{
+        write_private(config, json.dumps({"identities": [{
             "name": "stoker", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        config.chmod(0o600)
         p = self.base_port
         self._spawn([str(weed_binary()), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                      f"-master.port={p}", f"-master.port.grpc={p + 1}", f"-volume.port={p + 2}",
@@ -325,8 +336,7 @@ def storage_up(ds: str, which: tuple[str, ...] = ("s3", "hdfs"), log: Callable[[
             s3.start()
         s3.create_bucket("corpora")
         n = _copy_night(s3.store(), sample, f"s3://corpora/sample/{ds}")
-        s3_connection_file().write_text(json.dumps(s3.connection()))
-        s3_connection_file().chmod(0o600)
+        write_private(s3_connection_file(), json.dumps(s3.connection()))
         log(f"S3    {s3.endpoint_url}  (SeaweedFS; {n} files in s3://corpora/sample/{ds}/)")
         log(f"      access key {s3.access_key}, secret in {s3.home / 'credentials.json'}; `stoker refresh` and "
             "`stoker up` use it as the aws_default connection")

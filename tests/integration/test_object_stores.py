@@ -136,6 +136,21 @@ def test_hdfs_night_is_awaited_then_read_like_the_same_files_from_a_folder(spark
     assert all(f["path"].startswith(f"{root}/{NIGHTS[1]}/") for f in m.source_files)
 
 
+@pytest.fixture()
+def plain_http(tmp_path):
+    """A web server that is not a NameNode: 404 for every WebHDFS path."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
 def _dead_port() -> int:
     from stoker.servers import free_ports
 
@@ -155,17 +170,22 @@ BAD_SOURCES = {
         "cannot reach the S3 endpoint"),
     "unreachable NameNode": ("hdfs", lambda s3, h: (f"hdfs://127.0.0.1:{_dead_port()}/x/{{ds}}", None),
                              "cannot reach the NameNode"),
+    "not a WebHDFS address": ("hdfs", lambda s3, h: ("hdfs://127.0.0.1:1/x/{ds}", None),
+                              "is not the NameNode's WebHDFS"),  # an HTTP server that answers 404 to all
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_SOURCES))
 def test_a_bad_store_fails_in_seconds_named_and_leaves_no_manifest(case, spark, kafka_config, small_cfg, seaweed,
-                                                                   tmp_path, monkeypatch):
+                                                                   plain_http, tmp_path, monkeypatch):
     _, make, message = BAD_SOURCES[case]
     uri, settings = make(seaweed, None)
     for k, v in (settings.to_env() if settings else {}).items():
         monkeypatch.setenv(k, v)
-    cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, uri=uri,
+    # WebHDFS on the dead port too, or on a server that is not a NameNode (the S3 gateway answers 404s)
+    webhdfs = {"unreachable NameNode": uri.replace("hdfs://", "http://").split("/x/")[0],
+               "not a WebHDFS address": plain_http}.get(case)
+    cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, uri=uri, webhdfs_url=webhdfs,
                                                                     aws_conn_id="stoker_no_such_conn"))
     topic = f"stoker.bad{abs(hash(case)) % 10**6}.20261201.a1"
     t0 = time.monotonic()
@@ -178,7 +198,7 @@ def test_a_bad_store_fails_in_seconds_named_and_leaves_no_manifest(case, spark, 
 
     # await_source says the same; what no retry can fix fails the task for good
     sensor = SourceReadySensor(task_id="await_source", uri=uri.replace("{ds}", NIGHTS[1]),
-                               aws_conn_id="stoker_no_such_conn")
+                               aws_conn_id="stoker_no_such_conn", webhdfs_url=webhdfs)
     expected = SourceError if "unreachable" in case else AirflowFailException
     with pytest.raises(expected, match=re.escape(message)):
         sensor.poke({})
@@ -191,3 +211,19 @@ def test_a_connection_wins_over_the_environment(s3_env, monkeypatch):
     assert s3_settings("stoker_test_s3").secret_key == s3_env.secret_key
     assert s3_settings("stoker_no_such_conn").secret_key == "stale-environment-secret"
     assert open_store("s3://corpora/x", s3=s3_settings("stoker_test_s3")).list_files("s3://corpora/none") == []
+
+
+def test_a_dead_namenode_rpc_port_fails_the_spark_read_in_seconds(spark, kafka_config, small_cfg, hdfs, tmp_path):
+    """WebHDFS answers (the preflight passes) but nothing listens on the hdfs:// RPC port: Spark's own
+    client gives up after its bounded retries, with the URI named, and nothing is published."""
+    hdfs.store().put(hdfs.uri(f"/{tmp_path.name}/2026-12-01/a.jsonl"), b'{"text": "hello"}\n')
+    uri = f"hdfs://127.0.0.1:{_dead_port()}/{tmp_path.name}/{{ds}}"
+    cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, uri=uri,
+                                                                    webhdfs_url=hdfs.webhdfs_url))
+    topic = "stoker.deadrpc.20261201.a1"
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match=re.escape(uri.replace("{ds}", NIGHTS[1])) + ": Spark cannot read it"):
+        run_job(spark, cfg, ds=NIGHTS[1], topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "run" / "manifest.json").exists()
+    assert topic not in skafka.list_topics(kafka_config, "stoker.deadrpc")

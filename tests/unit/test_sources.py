@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stoker.exceptions import SourceError
-from stoker.sources import S3Settings, drop_status, is_data_file, split_s3, webhdfs_url_for
+from stoker.sources import S3Settings, drop_status, is_data_file, is_data_path, split_s3, webhdfs_url_for
 
 pytestmark = pytest.mark.unit
 
@@ -64,6 +64,24 @@ def test_a_drop_is_complete_on_its_marker_or_without_one_on_any_data_file():
     assert drop_status(_Listing(["a.jsonl"]), "s3://b/n", "_SUCCESS") == (False, "waiting for s3://b/n/_SUCCESS")
     assert drop_status(_Listing(["a.jsonl", "_SUCCESS"]), "s3://b/n", "_SUCCESS")[0]
     assert drop_status(_Listing(["_temporary", ".x.crc"]), "s3://b/n", None)[0] is False
+    # a writer still at work: its files under _temporary/ are not data; nor is a folder-marker key
+    assert drop_status(_Listing(["_temporary/0/part-0.jsonl", ""]), "s3://b/n", None)[0] is False
+    assert drop_status(_Listing(["sub/part-0.jsonl"]), "s3://b/n", None)[0] is True
+
+
+def test_data_paths_are_judged_below_the_drop_root_only():
+    assert is_data_path("s3://b/_staging/n", "s3://b/_staging/n/part-0.jsonl")  # the root may be hidden-looking
+    assert not is_data_path("s3://b/n/", "s3://b/n/_temporary/0/part-0.jsonl")
+    assert not is_data_path("s3://b/n", "s3://b/n/")
+    assert not is_data_path("hdfs://nn:8020/n", "hdfs://nn:8020/n/a/.part-0.crc")
+
+
+def test_a_connection_replaces_the_workers_aws_environment_and_parses_flags_as_text():
+    s = S3Settings.from_connection("AK", "SK", {"endpoint_url": "http://store", "s3_path_style": "false"})
+    assert s.use_path_style is False  # "false" is false, not a truthy string
+    env = s.to_env(complete=True)
+    assert env["AWS_SESSION_TOKEN"] == "" and env["AWS_ENDPOINT_URL"] == "" and env["AWS_ACCESS_KEY_ID"] == "AK"
+    assert S3Settings.from_env(env) == S3Settings.from_env(s.to_env())  # "" reads back as unset
     assert drop_status(_Listing(["a.jsonl"]), "s3://b/n", None) == (True, "1 data files")
 
 
