@@ -71,9 +71,9 @@ $(VENV)/.stamp: requirements.lock pyproject.toml
 
 # Apache Kafka's jars from Maven Central, cached per user (they do not depend on the checkout).
 kafka-jars: $(KAFKA_DIR)/.complete
-$(KAFKA_DIR)/.complete: stoker/broker/pom.xml
+$(KAFKA_DIR)/.complete: stoker/local/broker/pom.xml
 	@mkdir -p $(KAFKA_DIR)
-	mvn -q -B -f stoker/broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	mvn -q -B -f stoker/local/broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(KAFKA_DIR)/libs
 	@test -n "$$(ls $(KAFKA_DIR)/libs/kafka_2.13-$(KAFKA_VER).jar)"
 	@touch $@
@@ -92,15 +92,15 @@ $(S3A_DIR)/.complete: stoker/connectors/pom.xml
 test-servers: $(SEAWEEDFS_BIN) $(HDFS_DIR)/.complete
 $(SEAWEEDFS_BIN):  # the version is in the path: only a new version builds again
 	@command -v go >/dev/null || { echo "setup: go not found: install Go 1.26+ (Debian: apt-get install golang-go); it builds SeaweedFS, the tests' S3 server"; exit 1; }
-	bash stoker/servers/build-seaweedfs.sh $(SEAWEEDFS_VER) $@
-$(HDFS_DIR)/.complete: stoker/servers/hdfs/pom.xml
+	bash stoker/local/servers/build-seaweedfs.sh $(SEAWEEDFS_VER) $@
+$(HDFS_DIR)/.complete: stoker/local/servers/hdfs/pom.xml
 	@rm -rf $(HDFS_DIR) && mkdir -p $(HDFS_DIR)
-	mvn -q -B -f stoker/servers/hdfs/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	mvn -q -B -f stoker/local/servers/hdfs/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(HDFS_DIR)/libs
 	@touch $@
 
 sample: $(STATE)/data/sample/_SUCCESS
-$(STATE)/data/sample/_SUCCESS: stoker/sample.py | venv
+$(STATE)/data/sample/_SUCCESS: stoker/local/sample.py | venv
 	$(BIN)/stoker sample-corpus --force
 
 run: setup

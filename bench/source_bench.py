@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from stoker import kafka as skafka
-from stoker import records, stack
+from stoker import records
+from stoker.local import broker as stack
 from stoker.manifest import Manifest, PartitionRange
 from stoker.records import PackedSequence
 from training.data.batch import make_batch

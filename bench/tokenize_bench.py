@@ -16,7 +16,8 @@ import os
 import sys
 import time
 
-from stoker import paths, sample
+from stoker import paths
+from stoker.local import sample
 
 
 def bench_raw(texts: list[str], tokenizer: str, batch: int) -> tuple[int, float]:

@@ -7,15 +7,14 @@ naming the field, the value and the fix.
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from stoker import paths
 from stoker.config import CorpusConfig, load_all
-from stoker.stack import default_broker
+from stoker.layout import RunLayout, topic_prefix
 from stoker_airflow.callbacks import stage_finished, stage_started
 from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
@@ -23,9 +22,8 @@ from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceR
 # The run's date: the logical date, or the run_after date of a run triggered without one.
 _WHEN = "(dag_run.logical_date or dag_run.run_after)"  # `logical_date` is undefined without one
 DS = "{{ " + _WHEN + ".strftime('%Y-%m-%d') }}"
-DS_NODASH = "{{ " + _WHEN + ".strftime('%Y%m%d') }}"
-SOURCE_URI = ("{{ params.source_uri | replace('{ds}', " + _WHEN + ".strftime('%Y-%m-%d'))"
-              " | replace('{ds_nodash}', " + _WHEN + ".strftime('%Y%m%d')) }}")
+KAFKA_CONN = "kafka_default"
+"""The Kafka connection every task uses (the provider's ``kafka`` type; its extra is the client config)."""
 
 DOC = """
 ### Corpus refresh: `{name}`
@@ -65,83 +63,92 @@ def _params(cfg: CorpusConfig) -> dict[str, Param]:
 
 
 def _assets(cfg: CorpusConfig) -> tuple[Asset, Asset, Asset]:
-    """The corpus source, the run topics and the trained model, so lineage shows in the UI's Assets view."""
+    """The corpus source, the run topics and the trained model, so lineage shows in the UI's Assets view.
+    The topic's URI names the Kafka connection in its host part (no connection lookup at parse time)."""
     src = cfg.source.uri.split("{ds", 1)[0]
     src = paths.expand(src) if "://" in src else "file://" + str(paths.resolve_local(src))
-    # the connection's first broker, read from the environment (no connection lookup at parse time)
-    conn = json.loads(os.environ.get("AIRFLOW_CONN_KAFKA_DEFAULT") or "{}")
-    bootstrap = conn.get("extra", {}).get("bootstrap.servers") or default_broker().bootstrap
-    bootstrap = bootstrap.split(",")[0]
+    model = RunLayout.of(cfg.name, "").run_dir
     return (Asset(name=f"stoker.{cfg.name}.source", uri=src.rstrip("/") + "/", group="corpus"),
-            Asset(name=f"stoker.{cfg.name}.sequences", uri=f"kafka://{bootstrap}/stoker.{cfg.name}",
+            Asset(name=f"stoker.{cfg.name}.sequences", uri=f"kafka://{KAFKA_CONN}/{topic_prefix(cfg.name)}",
                   group="sequences"),
-            Asset(name=f"stoker.{cfg.name}.model", uri=f"file://{paths.runs_dir()}/{cfg.name}/", group="model"))
+            Asset(name=f"stoker.{cfg.name}.model", uri=f"file://{model}/", group="model"))
+
+
+def _publish_group(cfg: CorpusConfig, run: RunLayout, source: Asset, topic: Asset) -> TaskGroup:
+    with TaskGroup("publish", tooltip="Spark tokenise-and-publish, then check Kafka holds it all") as group:
+        tokenize_publish = TokenizePublishOperator(
+            task_id="tokenize_publish", corpus_path=str(paths.corpora_dir() / f"{cfg.name}.yaml"),
+            corpus=cfg.name, ds=DS, kafka_config_id=KAFKA_CONN, aws_conn_id=cfg.source.aws_conn_id,
+            extra_args=["--source-uri", "{{ params.source_uri }}", "--seq-len", "{{ params.seq_len }}",
+                        "--spark-partitions", "{{ params.spark_partitions }}"],
+            name=f"stoker-{cfg.name}", inlets=[source], outlets=[topic],
+            doc_md=("spark-submit spark_jobs/tokenize_publish.py: validate, normalise, dedup, tokenise, "
+                    "pack and publish to a topic of this attempt; the manifest is written last."),
+        )
+        await_published = KafkaPublishedSensor(
+            task_id="await_published", manifest_path=str(run.manifest), kafka_config_id=KAFKA_CONN,
+            poll_interval=2, timeout=600,
+            doc_md="The topic's committed end offsets equal the manifest's (deferred to the triggerer).",
+        )
+        tokenize_publish >> await_published
+    return group
+
+
+def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asset) -> TaskGroup:
+    with TaskGroup("training", tooltip="DeepSpeed trains on the run's topic; follow its consumer lag") as group:
+        train = DeepSpeedTrainOperator(
+            task_id="train", manifest_path=str(run.manifest), recipe=cfg.train.recipe,
+            world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic],
+            doc_md="Launches the trainer detached (torchrun); a retry follows a trainer still running.",
+        )
+        await_consumed = KafkaLagSensor(
+            task_id="await_consumed", manifest_path=str(run.manifest), follow_trainer=True, max_lag=0,
+            kafka_config_id=KAFKA_CONN, poll_interval=5, timeout=cfg.train.timeout_s, outlets=[model],
+            doc_md="The training group's lag reaches 0 (progress as % of the run's tokens); fails if the "
+                   "trainer exits early.",
+        )
+        train >> await_consumed
+    return group
+
+
+def _dag_args(cfg: CorpusConfig) -> dict[str, Any]:
+    s = cfg.schedule
+    return {
+        "dag_id": f"refresh_{cfg.name}",
+        "description": f"Refresh of corpus {cfg.name}: source → Spark → Kafka → DeepSpeed",
+        "schedule": s.cron,
+        "start_date": datetime.combine(s.start_date, datetime.min.time(), tzinfo=UTC),
+        "catchup": s.catchup,
+        "max_active_runs": s.max_active_runs,
+        "default_args": {
+            "retries": s.retries,
+            "retry_delay": timedelta(seconds=s.retry_delay_s),
+            "retry_exponential_backoff": True,
+            "max_retry_delay": timedelta(hours=1),
+            "on_execute_callback": stage_started,
+            "on_success_callback": stage_finished,
+        },
+        "params": _params(cfg),
+        "doc_md": DOC.format(name=cfg.name, description=cfg.description.strip(), uri=cfg.source.uri,
+                             seq_len=cfg.pack.seq_len, world=cfg.train.world_size, recipe=cfg.train.recipe),
+        "tags": ["stoker", f"corpus:{cfg.name}"],
+    }
 
 
 def build_dag(cfg: CorpusConfig) -> DAG:
-    run_dir = f"{paths.runs_dir()}/{cfg.name}/{DS}"
-    manifest = f"{run_dir}/manifest.json"
-    s = cfg.schedule
+    run = RunLayout.of(cfg.name, DS)  # paths are templates: the date is the run's
     source_asset, topic_asset, model_asset = _assets(cfg)
-    default_args = {
-        "retries": s.retries,
-        "retry_delay": timedelta(seconds=s.retry_delay_s),
-        "retry_exponential_backoff": True,
-        "max_retry_delay": timedelta(hours=1),
-        "on_execute_callback": stage_started,
-        "on_success_callback": stage_finished,
-    }
-    with DAG(
-        dag_id=f"refresh_{cfg.name}",
-        description=f"Refresh of corpus {cfg.name}: source → Spark → Kafka → DeepSpeed",
-        schedule=s.cron,
-        start_date=datetime.combine(s.start_date, datetime.min.time(), tzinfo=UTC),
-        catchup=s.catchup,
-        max_active_runs=s.max_active_runs,
-        default_args=default_args,
-        params=_params(cfg),
-        doc_md=DOC.format(name=cfg.name, description=cfg.description.strip(), uri=cfg.source.uri,
-                          seq_len=cfg.pack.seq_len, world=cfg.train.world_size, recipe=cfg.train.recipe),
-        tags=["stoker", f"corpus:{cfg.name}"],
-    ) as dag:
+    with DAG(**_dag_args(cfg)) as dag:
         await_source = SourceReadySensor(
-            task_id="await_source", uri=SOURCE_URI,
+            task_id="await_source", uri="{{ params.source_uri }}", ds=DS,
             success_marker=cfg.source.success_marker, aws_conn_id=cfg.source.aws_conn_id,
             webhdfs_url=cfg.source.webhdfs_url, poke_interval=cfg.source.poke_interval_s,
             timeout=cfg.source.timeout_s, mode="reschedule", inlets=[source_asset],
             doc_md="Waits until the night's drop is complete (its success marker is present).",
         )
-        with TaskGroup("publish", tooltip="Spark tokenise-and-publish, then check Kafka holds it all") as publish:
-            tokenize_publish = TokenizePublishOperator(
-                task_id="tokenize_publish",
-                corpus_path=str(paths.corpora_dir() / f"{cfg.name}.yaml"),
-                ds=DS, topic=f"stoker.{cfg.name}.{DS_NODASH}.a{{{{ ti.try_number }}}}", run_dir=run_dir,
-                aws_conn_id=cfg.source.aws_conn_id,
-                extra_args=["--source-uri", "{{ params.source_uri }}", "--seq-len", "{{ params.seq_len }}",
-                            "--spark-partitions", "{{ params.spark_partitions }}"],
-                name=f"stoker-{cfg.name}", inlets=[source_asset], outlets=[topic_asset],
-                doc_md=("spark-submit spark_jobs/tokenize_publish.py: validate, normalise, dedup, tokenise, "
-                        "pack and publish to a topic of this attempt; the manifest is written last."),
-            )
-            await_published = KafkaPublishedSensor(
-                task_id="await_published", manifest_path=manifest, poll_interval=2, timeout=600,
-                doc_md="The topic's committed end offsets equal the manifest's (deferred to the triggerer).",
-            )
-            tokenize_publish >> await_published
-        with TaskGroup("training", tooltip="DeepSpeed trains on the run's topic; follow its consumer lag") as training:
-            train = DeepSpeedTrainOperator(
-                task_id="train", manifest_path=manifest, out_dir=f"{run_dir}/train",
-                recipe=cfg.train.recipe, world_size=cfg.train.world_size, inlets=[topic_asset],
-                doc_md="Launches the trainer detached (torchrun); a retry follows a trainer still running.",
-            )
-            await_consumed = KafkaLagSensor(
-                task_id="await_consumed", manifest_path=manifest, trainer_dir=f"{run_dir}/train",
-                max_lag=0, poll_interval=5, timeout=cfg.train.timeout_s, outlets=[model_asset],
-                doc_md="The training group's lag reaches 0 (progress as % of the run's tokens); fails if the "
-                       "trainer exits early.",
-            )
-            train >> await_consumed
-        report = RunReportOperator(task_id="report", run_dir=run_dir,
+        publish = _publish_group(cfg, run, source_asset, topic_asset)
+        training = _training_group(cfg, run, topic_asset, model_asset)
+        report = RunReportOperator(task_id="report", run_dir=str(run.run_dir),
                                    doc_md="Writes summary.json; links to the run summary and the loss curve.")
         await_source >> publish >> training >> report
     return dag

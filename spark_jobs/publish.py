@@ -24,12 +24,9 @@ from typing import Any
 
 from stoker import records
 from stoker.exceptions import StokerError
+from stoker.layout import tasks_topic
 
 TX_INIT_TIMEOUT_S = 120.0
-
-
-def tasks_topic(topic: str) -> str:
-    return f"{topic}.tasks"
 
 
 @dataclass(slots=True)
@@ -93,12 +90,13 @@ def find_done(config: Mapping[str, Any], topic: str, spark_partition: int) -> Ta
             msg = consumer.poll(10.0)
             if msg is None:
                 raise StokerError(f"reading {tt} timed out before its end offset {high}")
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     break
-                raise StokerError(f"reading {tt}: {msg.error()}")
+                raise StokerError(f"reading {tt}: {err}")
             if msg.key() == want:
-                found = TaskSummary.from_json(msg.value())
+                found = TaskSummary.from_json(msg.value() or b"")
     finally:
         consumer.close()
     return found

@@ -129,10 +129,11 @@ def parse_line(source: str, line: int, raw: bytes, fmt: str, text_field: str) ->
             return drop(INVALID_JSON, str(e))
         if not isinstance(obj, dict):
             return drop(INVALID_JSON, f"a JSON {type(obj).__name__}, not an object")
-        text = obj.get(text_field)
-        if not isinstance(text, str):
-            found = "absent" if text is None else type(text).__name__
+        value = obj.get(text_field)
+        if not isinstance(value, str):
+            found = "absent" if value is None else type(value).__name__
             return drop(MISSING_TEXT, f"field {text_field!r} is {found}")
+        text = value
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # lone surrogates from JSON escapes such as "\ud800"
@@ -144,7 +145,7 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int) -> Pars
     """Normalise, strip, length-check; sets ``digest`` (sha256 of the clean text) for dedup."""
     if p.reason is not None or p.text is None:
         return p
-    text = p.text if normalization == "none" else unicodedata.normalize(normalization, p.text)
+    text = p.text if normalization == "none" else unicodedata.normalize(normalization, p.text)  # type: ignore[arg-type]
     text = text.strip()
     if not text:
         return Parsed(source=p.source, line=p.line, reason=EMPTY_TEXT, detail="blank after strip", raw=_raw(p))

@@ -17,9 +17,8 @@ import dataclasses
 import json
 import logging
 import os
-import re
-import shutil
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,8 @@ from stoker import kafka as skafka
 from stoker import paths, records
 from stoker.config import CorpusConfig, load_corpus
 from stoker.exceptions import ConfigError
-from stoker.manifest import Manifest, PartitionRange, write_manifest
-from stoker.sample import sha256_file
+from stoker.layout import RunLayout, tasks_topic
+from stoker.manifest import Manifest, PartitionRange, sha256_file, write_manifest
 
 log = logging.getLogger("stoker.tokenize_publish")
 
@@ -157,6 +156,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, tokenizer_path: str, topic: str, 
         from spark_jobs.tokenization import encode_batch, load_tokenizer, token_id
 
         ctx = TaskContext.get()
+        assert ctx is not None, "runs inside a Spark task"
         sp, attempt = ctx.partitionId(), ctx.attemptNumber()
         tok = load_tokenizer(tokenizer_path)
         packer = Packer(seq_len=seq_len, eos_id=token_id(tok, eos, "eos_token"),
@@ -187,32 +187,61 @@ def topic_config(cfg: CorpusConfig) -> dict[str, str]:
             "compression.type": "producer"}
 
 
-def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kafka_config: dict[str, Any],
-            fail: tuple[int, int] | None = None) -> Manifest:
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+@dataclass(slots=True)
+class RunInputs:
+    """What a run reads and how it encodes: settled before any data moves."""
 
-    from spark_jobs.publish import TaskSummary, tasks_topic
-    from spark_jobs.tokenization import load_tokenizer
+    run_id: str
+    uri: str
+    tokenizer_path: str
+    vocab_size: int
+    dtype: str
+    files: list[dict[str, Any]]
+    """Lineage: every data file with its size, mtime, sha256 and (S3) ETag."""
 
-    t0 = time.monotonic()
-    run_id = f"{cfg.name}/{ds}"
-    stale = run_dir / "manifest.json"
-    if stale.exists():  # a re-run: no stage may trust the old manifest while this one publishes
-        log.info("replacing the earlier manifest of %s", run_id)
-        stale.unlink()
+
+@dataclass(slots=True)
+class Staged:
+    """Every input record, kept or dropped with a reason, and the counts by reason."""
+
+    frame: Any
+    counts: dict[str | None, int]
+
+    @property
+    def docs_in(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        return dict(sorted((k, v) for k, v in self.counts.items() if k is not None))
+
+
+def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dict[str, Any]) -> RunInputs:
+    """Fail in seconds, before a topic or manifest exists: tokenizer, Kafka, the store, the drop."""
+    if run.manifest.exists():  # a re-run: no stage may trust the old manifest while this one publishes
+        log.info("replacing the earlier manifest of %s", run.run_dir)
+        run.manifest.unlink()
     uri = cfg.source.render(ds)
     tok_path = str(paths.resolve_local(cfg.tokenizer.path))
     if not Path(tok_path).is_file():
         raise ConfigError(f"tokenizer.path = {cfg.tokenizer.path!r}: no such file ({tok_path}); "
                           "run `stoker sample-corpus` or point the corpus at a tokenizer.json")
-    vocab = load_tokenizer(tok_path).get_vocab_size()
-    dtype = records.dtype_for_vocab(vocab)
-    skafka.check_reachable(kafka_config)
+    from spark_jobs.tokenization import load_tokenizer
 
-    # preflight: the store answers, the credentials work, the drop holds data (seconds, named errors)
+    vocab = load_tokenizer(tok_path).get_vocab_size()
+    skafka.check_reachable(kafka_config)
     etags = preflight_source(spark, cfg, uri)
-    # lineage: every file read, with its size and content checksum (computed where the bytes are)
+    files = lineage(spark, uri)
+    for f in files:
+        f["etag"] = etags.get(_without_scheme(f["path"]))
+    return RunInputs(run_id=f"{cfg.name}/{ds}", uri=uri, tokenizer_path=tok_path, vocab_size=vocab,
+                     dtype=records.dtype_for_vocab(vocab), files=files)
+
+
+def lineage(spark, uri: str) -> list[dict[str, Any]]:
+    """Every file read, with its size and content checksum (computed where the bytes are)."""
+    from pyspark.sql import functions as F
+
     try:
         files = [r.asDict() for r in spark.read.format("binaryFile").load(_spark_path(uri))
                  .select("path", "length", "modificationTime", F.sha2("content", 256).alias("sha256"))
@@ -225,78 +254,90 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
                           "Spark's own client; check the hdfs:// RPC port or the S3A settings", transient=True) from e
     if not files:
         raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored)")
-    for f in files:
-        f["etag"] = etags.get(_without_scheme(f["path"]))
+    return files
+
+
+def stage(spark, cfg: CorpusConfig, uri: str) -> Staged:
+    """Read, validate, normalise and (optionally) dedup: every record kept or dropped with a reason."""
+    from pyspark import StorageLevel
+
     parsed = read_parsed(spark, cfg, uri)
-    staged = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.MEMORY_AND_DISK)
-    counts = {r["reason"]: r["count"] for r in staged.groupBy("reason").count().collect()}
-    docs_in = sum(counts.values())
-    dropped = dict(sorted((k, v) for k, v in counts.items() if k is not None))
-    quarantine = run_dir / "quarantine"
-    (staged.filter(F.col("reason").isNotNull())
+    frame = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.MEMORY_AND_DISK)
+    counts = {r["reason"]: r["count"] for r in frame.groupBy("reason").count().collect()}
+    return Staged(frame=frame, counts=counts)
+
+
+def quarantine(staged: Staged, run: RunLayout) -> Path:
+    """Rejected records with their exact raw bytes and where they came from (file, line)."""
+    from pyspark.sql import functions as F
+
+    (staged.frame.filter(F.col("reason").isNotNull())
      .select("source", "line", "reason", "detail", F.base64("raw").alias("raw_base64"))
-     .coalesce(1).write.mode("overwrite").json(str(quarantine)))
+     .coalesce(1).write.mode("overwrite").json(str(run.quarantine)))
+    return run.quarantine
+
+
+def pack_publish(staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: str, kafka_config: dict[str, Any],
+                 fail: tuple[int, int] | None) -> list[Any]:
+    """Tokenise, pack and publish the kept documents, one Kafka transaction per Spark partition."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.publish import TaskSummary
 
     # The topic name belongs to this attempt: anything under it is left from an earlier run of the
     # same name (a re-run date, a reset metadata DB) and must not mix with this run's sequences.
     skafka.recreate_topic(kafka_config, topic, cfg.topic.partitions, cfg.topic.replication_factor,
                           topic_config(cfg))
-    # ...and so must a trainer's checkpoints for that name (a second DAG run of the same date reuses
-    # `.a1`): offsets into the old data mean nothing in the new one.
-    stale_train = run_dir / "train" / topic
-    if stale_train.exists():
-        log.info("removing trainer state of an earlier publication of %s: %s", topic, stale_train)
-        shutil.rmtree(stale_train)
     skafka.recreate_topic(kafka_config, tasks_topic(topic), 1, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
-    kept = (staged.filter(F.col("reason").isNull()).select("digest", "source", "line", "text")
+    kept = (staged.frame.filter(F.col("reason").isNull()).select("digest", "source", "line", "text")
             .repartition(cfg.publish.spark_partitions, "digest").sortWithinPartitions("source", "line"))
-    fn = pack_publish_batches(cfg=cfg, tokenizer_path=tok_path, topic=topic, run_id=run_id, dtype=dtype,
-                              kafka_config=kafka_config, fail=fail)
-    summaries = [TaskSummary.from_json(r["summary"]) for r in kept.mapInArrow(fn, "summary string").collect()]
-    staged.unpersist()
+    fn = pack_publish_batches(cfg=cfg, tokenizer_path=inputs.tokenizer_path, topic=topic, run_id=inputs.run_id,
+                              dtype=inputs.dtype, kafka_config=kafka_config, fail=fail)
+    return [TaskSummary.from_json(r["summary"]) for r in kept.mapInArrow(fn, "summary string").collect()]
 
+
+def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInputs, staged: Staged,
+                   summaries: list[Any], quarantine_path: Path, kafka_config: dict[str, Any], t0: float) -> Manifest:
     per_part = {p: 0 for p in range(cfg.topic.partitions)}
     for s in summaries:
         for k, v in s.per_partition.items():
             per_part[int(k)] += v
     ends = skafka.stable_end_offsets(kafka_config, topic)
     starts = skafka.start_offsets(kafka_config, topic)
-    manifest = Manifest(
-        run_id=run_id, corpus=cfg.name, ds=ds, topic=topic,
+    return Manifest(
+        run_id=inputs.run_id, corpus=cfg.name, ds=ds, topic=topic,
         partitions=[PartitionRange(partition=p, start_offset=starts[p], end_offset=ends[p], sequences=per_part[p])
                     for p in sorted(per_part)],
-        seq_len=cfg.pack.seq_len, dtype=dtype, tokenizer_path=tok_path,
-        tokenizer_sha256=sha256_file(Path(tok_path)), vocab_size=vocab,
-        docs_in=docs_in, docs_kept=counts.get(None, 0), docs_dropped=dropped,
+        seq_len=cfg.pack.seq_len, dtype=inputs.dtype, tokenizer_path=inputs.tokenizer_path,
+        tokenizer_sha256=sha256_file(inputs.tokenizer_path), vocab_size=inputs.vocab_size,
+        docs_in=staged.docs_in, docs_kept=staged.counts.get(None, 0), docs_dropped=staged.dropped,
         tokens=sum(s.tokens for s in summaries), padding_tokens=sum(s.padding for s in summaries),
-        sequences=sum(s.sequences for s in summaries), source_uri=uri,
+        sequences=sum(s.sequences for s in summaries), source_uri=inputs.uri,
         source_files=[{"path": f["path"], "bytes": f["length"], "sha256": f["sha256"],
                        "mtime": f["modificationTime"].isoformat(), **({"etag": f["etag"]} if f["etag"] else {})}
-                      for f in files],
+                      for f in inputs.files],
         spark_app_id=spark.sparkContext.applicationId,
-        quarantine_path=str(quarantine), created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        quarantine_path=str(quarantine_path), created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
         seconds=round(time.monotonic() - t0, 3),
     )
+
+
+def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kafka_config: dict[str, Any],
+            fail: tuple[int, int] | None = None) -> Manifest:
+    """read → quarantine → dedup → pack+publish → manifest (the commit point, written last)."""
+    t0 = time.monotonic()
+    run = RunLayout(Path(run_dir))
+    inputs = prepare(spark, cfg, ds, run, kafka_config)
+    staged = stage(spark, cfg, inputs.uri)
+    quarantined = quarantine(staged, run)
+    summaries = pack_publish(staged, cfg, inputs, topic, kafka_config, fail)
+    staged.frame.unpersist()
+    manifest = build_manifest(spark, cfg, ds, topic, inputs, staged, summaries, quarantined, kafka_config, t0)
     if sum(s.docs for s in summaries) != manifest.docs_kept:
         raise RuntimeError(f"published {sum(s.docs for s in summaries)} docs but kept {manifest.docs_kept}")
-    write_manifest(run_dir, manifest)  # the commit point
-    _drop_stale_topics(kafka_config, topic)
+    write_manifest(run.run_dir, manifest)  # the commit point
     return manifest
-
-
-def _drop_stale_topics(kafka_config: dict[str, Any], topic: str) -> None:
-    """Once the manifest names ``topic``, this run's task log and the topics of its earlier
-    attempts (``<run>.a<N>`` where ``topic`` is ``<run>.a<M>``) are garbage."""
-    from spark_jobs.publish import tasks_topic
-
-    stale = [tasks_topic(topic)]
-    match = re.fullmatch(r"(.+)\.a\d+", topic)
-    if match:
-        attempt = re.compile(re.escape(match.group(1)) + r"\.a\d+(\.tasks)?")
-        stale += [t for t in skafka.list_topics(kafka_config, match.group(1)) if attempt.fullmatch(t) and t != topic]
-    log.info("deleting stale topics: %s", sorted(set(stale)))
-    skafka.delete_topics(kafka_config, sorted(set(stale)))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = apply_overrides(load_corpus(args.corpus), args)
     fail = tuple(int(x) for x in args.fail_first_attempt.split(":")) if args.fail_first_attempt else None
-    spark = (SparkSession.builder.appName(f"stoker-tokenize-publish-{cfg.name}-{args.ds}")
+    builder = (SparkSession.builder.appName(f"stoker-tokenize-publish-{cfg.name}-{args.ds}")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2048")
              # one task per core already: the tokenizer's own thread pool would oversubscribe them
              # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
@@ -341,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         # a plain `python` launch starts the JVM here; under spark-submit the operator gave --jars
         from stoker.connectors import s3a_jars
 
-        spark = spark.config("spark.jars", ",".join(str(j) for j in s3a_jars()))
-    spark = spark.getOrCreate()
+        builder = builder.config("spark.jars", ",".join(str(j) for j in s3a_jars()))
+    spark = builder.getOrCreate()
     try:
         m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
                     kafka_config=skafka.config_from_env(), fail=fail)  # type: ignore[arg-type]
@@ -350,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
     log.info("published %d sequences (%d tokens) of %d/%d docs to %s", m.sequences, m.tokens,
              m.docs_kept, m.docs_in, m.topic)
-    print(json.dumps({"manifest": str(Path(args.run_dir) / "manifest.json"), "sequences": m.sequences}))
+    print(json.dumps({"manifest": str(RunLayout(Path(args.run_dir)).manifest), "sequences": m.sequences}))
     return 0
 
 

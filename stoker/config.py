@@ -83,9 +83,15 @@ class SourceConfig:
 
     def render(self, ds: str) -> str:
         """The URI of one night's drop (``ds`` is YYYY-MM-DD); ``{state}``/``{project}`` expanded."""
-        from stoker.paths import expand
+        return render_uri(self.uri, ds)
 
-        return expand(self.uri.replace("{ds}", ds).replace("{ds_nodash}", ds.replace("-", "")))
+
+def render_uri(uri: str, ds: str) -> str:
+    """``{ds}``/``{ds_nodash}`` in a source URI become the night ``ds`` (YYYY-MM-DD); ``{state}`` and
+    ``{project}`` are expanded. The one rendering every surface uses (the job, the sensor)."""
+    from stoker.paths import expand
+
+    return expand(uri.replace("{ds}", ds).replace("{ds_nodash}", ds.replace("-", "")))
 
 
 @dataclass(kw_only=True, slots=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from stoker.exceptions import ManifestError
+from stoker.layout import MANIFEST_NAME  # noqa: F401 - re-exported
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 
 
@@ -71,6 +71,12 @@ class Manifest:
         for p in self.partitions:
             if p.end_offset - p.start_offset < p.sequences:
                 raise ManifestError(f"{self.run_id}: partition {p.partition} range too small for {p.sequences}")
+
+    @property
+    def publication(self) -> str:
+        """Which publication of the topic this is: a re-run recreates a topic of the same name with
+        other data, and a trainer's offsets into the old one mean nothing in the new one."""
+        return f"{self.run_id}@{self.created_at}"
 
     def end_offsets(self) -> dict[int, int]:
         return {p.partition: p.end_offset for p in self.partitions}
@@ -133,3 +139,14 @@ def read_manifest(path: str | Path) -> Manifest:
         raise ManifestError(f"{path}: malformed manifest: {e}") from None
     m.check()
     return m
+
+
+def sha256_file(path: str | Path) -> str:
+    """A file's sha256 (lineage: tokenizer and source files), read in 1 MiB chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -34,11 +34,6 @@ def runs_dir() -> Path:
     return state_dir() / "runs"
 
 
-def run_dir(corpus: str, ds: str) -> Path:
-    """One folder per corpus refresh: manifest, quarantine, stage timings."""
-    return runs_dir() / corpus / ds
-
-
 def corpora_dir() -> Path:
     return Path(os.environ.get("STOKER_CORPORA", project_root() / "corpora")).resolve()
 
@@ -53,3 +48,10 @@ def resolve_local(path: str | Path) -> Path:
     ``{state}``/``{project}`` are understood."""
     p = Path(expand(str(path)).removeprefix("file://")).expanduser()
     return p if p.is_absolute() else (project_root() / p)
+
+
+def venv_bin(name: str) -> Path:
+    """A console script of the Python environment this process runs in (deepspeed, airflow, ...)."""
+    import sys
+
+    return Path(sys.executable).parent / name

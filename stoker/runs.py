@@ -9,15 +9,15 @@ from typing import Any
 
 from stoker import paths
 from stoker.exceptions import ManifestError
-from stoker.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
-
-TIMINGS_NAME = "timings.json"
+from stoker.layout import RunLayout
+from stoker.layout import all_runs as _all_run_layouts
+from stoker.manifest import atomic_write_json, read_manifest
 
 
 def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None, run: str = "") -> None:
     """Note a stage's first start or last end. Retries and deferrals of one Airflow run keep the
     first start; another run of the same date (``run`` differs) starts the stage afresh."""
-    path = Path(run_dir) / TIMINGS_NAME
+    path = RunLayout(Path(run_dir)).timings
     data = _read_json(path)
     row = data.setdefault(stage, {})
     if row.get("run") != run:
@@ -31,7 +31,7 @@ def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None
 
 
 def stage_seconds(run_dir: Path) -> dict[str, float]:
-    data = _read_json(Path(run_dir) / TIMINGS_NAME)
+    data = _read_json(RunLayout(Path(run_dir)).timings)
     return {k: round(v["end"] - v["start"], 1) for k, v in data.items() if "start" in v and "end" in v}
 
 
@@ -44,8 +44,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def all_runs() -> list[Path]:
     """Run folders with a manifest, oldest manifest first."""
-    found = paths.runs_dir().glob(f"*/*/{MANIFEST_NAME}")
-    return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+    found = [r for r in _all_run_layouts()]
+    return [r.run_dir for r in sorted(found, key=lambda r: r.manifest.stat().st_mtime)]
 
 
 def find_run(ref: str | None) -> Path:
@@ -83,8 +83,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 def _training(run_dir: Path, topic: str) -> dict[str, Any] | None:
     """The trainer's summary for the manifest's topic, if it has finished."""
-    path = Path(run_dir) / "train" / topic / "train_summary.json"
-    data = _read_json(path)
+    data = _read_json(RunLayout(Path(run_dir)).trainer(topic).summary)
     if not data:
         return None
     keys = ("steps", "sequences_consumed", "sequences_published", "tokens_consumed", "first_loss", "last_loss",

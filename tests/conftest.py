@@ -5,7 +5,7 @@
 * Spark in local mode (``local[2,4]``: two cores, up to four attempts per task);
 * an Airflow home with its own SQLite metadata DB;
 * S3 (SeaweedFS) and HDFS (Hadoop's NameNode + DataNode) servers on 127.0.0.1, for the
-  object-store tests (stoker/servers, built by `make test-servers`).
+  object-store tests (stoker/local/servers, built by `make test-servers`).
 
 All test state lives in ``.stoker/test`` (git-ignored), apart from the user's runs.
 """
@@ -28,7 +28,7 @@ os.environ["STOKER_PROJECT"] = str(REPO)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _BOOTSTRAP = os.environ.get("STOKER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{TEST_KAFKA_PORT}"
 
-from stoker.airflow_env import airflow_env  # noqa: E402
+from stoker.local.airflow_env import airflow_env  # noqa: E402
 
 os.environ.update(airflow_env(_BOOTSTRAP))
 
@@ -37,7 +37,7 @@ os.environ.update(airflow_env(_BOOTSTRAP))
 def kafka_config() -> dict[str, str]:
     """A reachable Kafka cluster's client config; starts the embedded broker when none is given."""
     from stoker import kafka as skafka
-    from stoker import stack
+    from stoker.local import broker as stack
 
     if os.environ.get("STOKER_KAFKA_BOOTSTRAP"):
         config = {"bootstrap.servers": os.environ["STOKER_KAFKA_BOOTSTRAP"]}
@@ -55,7 +55,7 @@ def kafka_config() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def sample_corpus() -> dict[str, Path]:
     """The sample corpus and its tokenizer, made offline (once per test state folder)."""
-    from stoker import sample
+    from stoker.local import sample
 
     data = TEST_STATE / "data" / "sample"
     tok_dir = TEST_STATE / "tokenizers" / "sample-bpe-8192"
@@ -97,7 +97,7 @@ def seaweed():
     """A real S3-compatible server (SeaweedFS) with a bucket named ``corpora``."""
     import shutil
 
-    from stoker.servers import SeaweedS3
+    from stoker.local.servers import SeaweedS3
 
     home = TEST_STATE / "seaweedfs"
     SeaweedS3(home).stop()  # one an interrupted earlier session left running, if any
@@ -112,7 +112,7 @@ def hdfs():
     """A real HDFS: Hadoop's NameNode and one DataNode (the mini cluster)."""
     import shutil
 
-    from stoker.servers import MiniHdfs
+    from stoker.local.servers import MiniHdfs
 
     home = TEST_STATE / "hdfs"
     MiniHdfs(home).stop()

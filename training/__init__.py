@@ -1,6 +1,9 @@
-"""The DeepSpeed trainer fed from Kafka (Kafka token source, model recipes, checkpoints with offsets).
+"""The DeepSpeed trainer fed from Kafka.
 
-Not built yet: it is the next issue. The refresh DAG leaves its place between ``await_published``
-and ``report`` (``train`` → ``await_consumed``), and ``stoker.kafka.compute_lag`` /
-``stoker_airflow.sensors.KafkaLagSensor`` already measure a training consumer group's progress.
+* :mod:`training.trainer`: the :class:`~training.trainer.Trainer` (model, engine, Kafka token
+  source, metrics, checkpoints; ``train_step``/``checkpoint``/``finish``), and ``train.py`` its
+  command line, launched by the refresh DAG's ``train`` task (``DeepSpeedTrainOperator``);
+* :mod:`training.data`: the stateful Kafka token source whose offsets live in the checkpoint;
+* :mod:`training.recipes`, :mod:`training.model`: run shapes and the DeepSeek-V3 model;
+* :mod:`training.checkpoint`, :mod:`training.metrics`: checkpoints with offsets, metrics and the loss curve.
 """

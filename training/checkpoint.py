@@ -51,12 +51,6 @@ def has_checkpoint(ckpt_dir: Path) -> bool:
     return (ckpt_dir / "latest").is_file()
 
 
-def manifest_identity(manifest: Any) -> str:
-    """Which publication a checkpoint's offsets refer to: a re-run recreates a topic of the same name
-    with other data, and offsets into the old one mean nothing in the new one."""
-    return f"{manifest.run_id}@{manifest.created_at}"
-
-
 def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dict[str, Any]:
     """Load the latest checkpoint; the optimizer too where DeepSpeed can (else say so and go on).
     A checkpoint written for another publication of the topic (``expect_manifest``) is refused."""

@@ -6,17 +6,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+from stoker.layout import TrainerFiles
+
 
 class Metrics:
-    def __init__(self, out_dir: Path, enabled: bool) -> None:
+    def __init__(self, files: TrainerFiles, enabled: bool) -> None:
         self.enabled = enabled
-        self.path = out_dir / "metrics.jsonl"
+        self.path = files.metrics
         self._writer: Any = None
         if enabled:
-            out_dir.mkdir(parents=True, exist_ok=True)
+            files.folder.mkdir(parents=True, exist_ok=True)
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+            self._writer = SummaryWriter(log_dir=str(files.tensorboard))
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def log(self, step: int, values: dict[str, float]) -> None:

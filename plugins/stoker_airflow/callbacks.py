@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stoker import paths
+from stoker.layout import RunLayout
 from stoker.runs import record_stage
 
 
@@ -18,7 +18,7 @@ def run_ds(context: Any) -> str:
 def _record(context: Any, event: str) -> None:
     corpus = context["dag"].dag_id.removeprefix("refresh_")
     stage = context["task"].task_id.rsplit(".", 1)[-1]  # without its task group's prefix
-    record_stage(paths.run_dir(corpus, run_ds(context)), stage, event, run=context["run_id"])
+    record_stage(RunLayout.of(corpus, run_ds(context)).run_dir, stage, event, run=context["run_id"])
 
 
 def stage_started(context: Any) -> None:

@@ -1,37 +1,37 @@
-"""``kafka_default`` → a librdkafka client config. Fails fast on a connection that cannot work."""
+"""Connections → client settings: ``kafka_default`` through the Kafka provider's hook, and an s3://
+source's endpoint and credentials. Both fail fast on a connection that cannot work."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
 
 from stoker.exceptions import ConfigError
 from stoker.sources import S3Settings
 
 
-class StokerKafkaHook(BaseHook):
-    """Reads a Kafka connection (the Apache Kafka provider's type: the extra *is* the client config,
-    e.g. ``{"bootstrap.servers": "broker:9092", "security.protocol": "SASL_SSL", ...}``)."""
+class StokerKafkaHook(KafkaBaseHook):
+    """The Apache Kafka provider's hook for a ``kafka`` connection (its form, its extra = the client
+    config, its OAuth callbacks: Google Managed Kafka, Amazon MSK IAM, allow-listed dotted paths),
+    with the two shapes of that config Stoker needs."""
 
-    conn_name_attr = "kafka_config_id"
-    default_conn_name = "kafka_default"
-    conn_type = "kafka"
-    hook_name = "Stoker Kafka"
+    def client_config(self) -> dict[str, Any]:
+        """For a client in this process: callbacks resolved into callables."""
+        try:
+            return self._build_config()
+        except ValueError as e:
+            raise ConfigError(f"connection {self.kafka_config_id!r}: {e}: set its extra to the Kafka client "
+                              'config JSON, e.g. {"bootstrap.servers": "127.0.0.1:39092"}') from None
 
-    def __init__(self, kafka_config_id: str = default_conn_name) -> None:
-        super().__init__()
-        self.kafka_config_id = kafka_config_id
-
-    def get_config(self) -> dict[str, Any]:
-        conn = self.get_connection(self.kafka_config_id)
-        config = dict(conn.extra_dejson)
-        if not config.get("bootstrap.servers"):
-            raise ConfigError(
-                f"connection {self.kafka_config_id!r} has no 'bootstrap.servers' in its extra: set it to the "
-                "Kafka client config JSON, e.g. {\"bootstrap.servers\": \"127.0.0.1:39092\"}"
-            )
-        return config
+    def subprocess_config(self) -> dict[str, Any]:
+        """For a Spark job or a trainer (``STOKER_KAFKA_CONFIG``): plain JSON, callbacks still as the
+        dotted paths the provider's allow-list accepted (``stoker.kafka.config_from_env`` imports
+        them there). Managed-auth token callbacks cannot cross a process boundary: use the
+        client's own SASL settings for those clusters."""
+        self.client_config()  # the same checks: bootstrap.servers set, every callback allow-listed
+        return dict(self.get_connection(self.kafka_config_id).extra_dejson)
 
 
 def s3_settings(aws_conn_id: str | None) -> S3Settings:

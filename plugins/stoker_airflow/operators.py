@@ -26,27 +26,28 @@ SPARK_CONF = {
 class TokenizePublishOperator(SparkSubmitOperator):
     """``spark-submit spark_jobs/tokenize_publish.py`` through ``spark_default`` (any master).
 
+    The run's folder and its topic come from the run layout (:mod:`stoker.layout`): one topic per
+    try of this task, so a retry never mixes with what an earlier attempt left. Once the job has
+    written the manifest, this task deletes the topics of the run's other attempts.
+
     The Kafka client config is read from ``kafka_config_id`` here and handed to the job in the
     environment (``STOKER_KAFKA_CONFIG``), so secrets never appear on a command line. So are an
     s3:// source's endpoint and credentials (the ``aws_conn_id`` connection, else this process's AWS
     environment, as ``AWS_*`` variables), and the S3A connector's jars go on ``--jars``.
     """
 
-    template_fields: Sequence[str] = (
-        *SparkSubmitOperator.template_fields, "corpus_path", "ds", "topic", "run_dir", "extra_args")
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "corpus_path", "ds", "extra_args")
 
-    def __init__(self, *, corpus_path: str, ds: str, topic: str, run_dir: str,
-                 kafka_config_id: str = "kafka_default", aws_conn_id: str = "aws_default",
-                 extra_args: list[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, corpus_path: str, corpus: str, ds: str, kafka_config_id: str = "kafka_default",
+                 aws_conn_id: str = "aws_default", extra_args: list[str] | None = None, **kwargs: Any) -> None:
         if not Path(corpus_path).is_file():
             raise ValueError(f"corpus_path = {corpus_path!r}: no such corpus config")
         kwargs.setdefault("application", str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"))
         kwargs.setdefault("conf", dict(SPARK_CONF))
         super().__init__(**kwargs)
         self.corpus_path = corpus_path
+        self.corpus = corpus
         self.ds = ds
-        self.topic = topic
-        self.run_dir = run_dir
         self.kafka_config_id = kafka_config_id
         self.aws_conn_id = aws_conn_id
         self.extra_args = list(extra_args or [])
@@ -61,10 +62,14 @@ class TokenizePublishOperator(SparkSubmitOperator):
         return uri
 
     def execute(self, context: Any) -> None:
-        self.application_args = ["--corpus", self.corpus_path, "--ds", self.ds, "--topic", self.topic,
-                                 "--run-dir", self.run_dir, *self.extra_args]
-        config = StokerKafkaHook(self.kafka_config_id).get_config()
-        self.env_vars = {**(self.env_vars or {}), "STOKER_KAFKA_CONFIG": json.dumps(config),
+        from stoker.layout import RunLayout, run_topic
+
+        run = RunLayout.of(self.corpus, self.ds)
+        topic = run_topic(self.corpus, self.ds, context["ti"].try_number)
+        self.application_args = ["--corpus", self.corpus_path, "--ds", self.ds, "--topic", topic,
+                                 "--run-dir", str(run.run_dir), *self.extra_args]
+        hook = StokerKafkaHook(self.kafka_config_id)
+        self.env_vars = {**(self.env_vars or {}), "STOKER_KAFKA_CONFIG": json.dumps(hook.subprocess_config()),
                          "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         if self._source_uri().startswith(("s3://", "s3a://")):
             from stoker.connectors import s3a_jars
@@ -74,7 +79,17 @@ class TokenizePublishOperator(SparkSubmitOperator):
             self.env_vars.update(s3_settings(self.aws_conn_id).to_env(complete=True))
             self.jars = ",".join([*(self.jars.split(",") if self.jars else []), *map(str, s3a_jars())])
         super().execute(context)
-        _annotate_outlets(self, context, Path(self.run_dir))
+        self._drop_earlier_attempts(hook.client_config(), topic)
+        _annotate_outlets(self, context, run.run_dir)
+
+    def _drop_earlier_attempts(self, config: dict[str, Any], topic: str) -> None:
+        """The manifest names ``topic`` now: the run's other attempts' topics and the task log are garbage."""
+        from stoker import kafka as skafka
+        from stoker.layout import earlier_attempts, run_of_topic
+
+        stale = earlier_attempts(topic, skafka.list_topics(config, run_of_topic(topic)))
+        self.log.info("deleting topics of earlier attempts and the task log: %s", stale)
+        skafka.delete_topics(config, stale)
 
 
 def _annotate_outlets(task: BaseOperator, context: Any, run_dir: Path) -> None:
@@ -126,11 +141,12 @@ class RunReportOperator(BaseOperator):
         self.run_dir = run_dir
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from stoker.layout import RunLayout
         from stoker.manifest import atomic_write_json
         from stoker.runs import render, summary
 
         s = summary(Path(self.run_dir))
-        atomic_write_json(Path(self.run_dir) / "summary.json", s)
+        atomic_write_json(RunLayout(Path(self.run_dir)).summary, s)
         self.log.info("run summary:\n%s", render(s))
         _annotate_outlets(self, context, Path(self.run_dir))
         return {k: s[k] for k in ("run_id", "topic", "docs_in", "docs_kept", "tokens", "sequences")}
@@ -141,14 +157,14 @@ class DeepSpeedTrainOperator(BaseOperator):
     and must not hold a worker slot (``await_consumed`` follows it, deferred).
 
     The launcher (``torchrun``, or ``deepspeed`` with a hostfile for several nodes) runs in a session
-    of its own with its log, pid and exit code under ``out_dir``. A retry while that trainer still
+    of its own with its log, process record and exit code in the run's trainer folder. A retry while that trainer still
     runs adopts it instead of starting a second one on the same checkpoint folder; a later start
     resumes from the latest checkpoint.
     """
 
-    template_fields: Sequence[str] = ("manifest_path", "out_dir")
+    template_fields: Sequence[str] = ("manifest_path",)
 
-    def __init__(self, *, manifest_path: str, out_dir: str, recipe: str = "debug_cpu", world_size: int = 1,
+    def __init__(self, *, manifest_path: str, recipe: str = "debug_cpu", world_size: int = 1,
                  launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
                  extra_args: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -157,7 +173,6 @@ class DeepSpeedTrainOperator(BaseOperator):
         if launcher not in ("torchrun", "deepspeed"):
             raise ValueError(f"launcher = {launcher!r}: must be 'torchrun' or 'deepspeed'")
         self.manifest_path = manifest_path
-        self.out_dir = out_dir
         self.recipe = recipe
         self.world_size = world_size
         self.launcher = launcher
@@ -165,17 +180,19 @@ class DeepSpeedTrainOperator(BaseOperator):
         self.extra_args = list(extra_args or [])
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from stoker.layout import RunLayout
         from stoker.manifest import read_manifest
-        from stoker.trainer_process import TrainerProcess
+        from stoker_airflow.launcher import TrainerLauncher
 
         m = read_manifest(self.manifest_path)
-        proc = TrainerProcess(Path(self.out_dir) / m.topic)
-        if proc.running():
-            self.log.info("trainer already running (pid %s): following it", proc.pid())
-            return proc.describe(m.topic)
-        config = StokerKafkaHook(self.kafka_config_id).get_config()
-        cmd = proc.command(self.manifest_path, self.recipe, self.world_size, self.launcher, self.extra_args)
-        pid = proc.start(cmd, {"STOKER_KAFKA_CONFIG": json.dumps(config)}, self.world_size)
+        launcher = TrainerLauncher(RunLayout.of_manifest(self.manifest_path).trainer(m.topic))
+        launcher.adopt_or_reset(m)
+        if launcher.running():
+            self.log.info("trainer already running (pid %s): following it", launcher.pid())
+            return launcher.describe(m.topic)
+        config = StokerKafkaHook(self.kafka_config_id).subprocess_config()
+        cmd = launcher.command(self.manifest_path, self.recipe, self.world_size, self.launcher, self.extra_args)
+        pid = launcher.start(m, cmd, {"STOKER_KAFKA_CONFIG": json.dumps(config)}, self.world_size)
         self.log.info("trainer started (pid %d, %d ranks): %s; log %s", pid, self.world_size, " ".join(cmd),
-                      proc.log_path)
-        return proc.describe(m.topic)
+                      launcher.files.log)
+        return launcher.describe(m.topic)

@@ -11,9 +11,10 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from stoker import kafka as skafka
 from stoker import paths
+from stoker.layout import RunLayout, TrainerFiles, consumer_group
 from stoker.manifest import Manifest, read_manifest
 from stoker_airflow.hooks import StokerKafkaHook
-from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger, lag_status, trainer_exit
+from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger, lag_status, published_status, trainer_exit
 
 
 class SourceReadySensor(BaseSensorOperator):
@@ -26,12 +27,14 @@ class SourceReadySensor(BaseSensorOperator):
     standby NameNode) fails this try, and the DAG's retries try again.
     """
 
-    template_fields: Sequence[str] = ("uri",)
+    template_fields: Sequence[str] = ("uri", "ds")
 
-    def __init__(self, *, uri: str, success_marker: str | None = "_SUCCESS", aws_conn_id: str = "aws_default",
-                 webhdfs_url: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, uri: str, ds: str | None = None, success_marker: str | None = "_SUCCESS",
+                 aws_conn_id: str = "aws_default", webhdfs_url: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.uri = uri
+        """The source URI; with ``ds``, its ``{ds}``/``{ds_nodash}`` select that night (as the job does)."""
+        self.ds = ds
         self.success_marker = success_marker
         self.aws_conn_id = aws_conn_id
         self.webhdfs_url = webhdfs_url
@@ -40,20 +43,29 @@ class SourceReadySensor(BaseSensorOperator):
         from stoker.sources import open_store, scheme_of
         from stoker_airflow.hooks import s3_settings
 
-        s3 = s3_settings(self.aws_conn_id) if scheme_of(self.uri) in ("s3", "s3a") else None
-        return open_store(self.uri, s3=s3, webhdfs_url=self.webhdfs_url)
+        uri = self._uri()
+        s3 = s3_settings(self.aws_conn_id) if scheme_of(uri) in ("s3", "s3a") else None
+        return open_store(uri, s3=s3, webhdfs_url=self.webhdfs_url)
+
+    def _uri(self) -> str:
+        """The watched folder; a local one resolved against the project (never the worker's CWD)."""
+        from stoker.config import render_uri
+        from stoker.sources import scheme_of
+
+        uri = render_uri(self.uri, self.ds) if self.ds else self.uri
+        return uri if scheme_of(uri) != "file" else str(paths.resolve_local(uri))
 
     def _watched(self) -> str:
-        from stoker.sources import join, scheme_of
+        from stoker.sources import join
 
-        uri = self.uri if scheme_of(self.uri) != "file" else str(paths.resolve_local(self.uri))
+        uri = self._uri()
         return join(uri, self.success_marker) if self.success_marker else uri
 
     def poke(self, context: Any) -> bool:
         from stoker.exceptions import SourceError
-        from stoker.sources import drop_status, scheme_of
+        from stoker.sources import drop_status
 
-        uri = self.uri if scheme_of(self.uri) != "file" else str(paths.resolve_local(self.uri))
+        uri = self._uri()
         try:
             ready, seen = drop_status(self._store(), uri, self.success_marker)
         except SourceError as e:
@@ -84,7 +96,7 @@ class _DeferrableKafkaSensor(BaseSensorOperator):
         self.deferrable = deferrable
 
     def _config(self) -> dict[str, Any]:
-        return StokerKafkaHook(self.kafka_config_id).get_config()
+        return StokerKafkaHook(self.kafka_config_id).client_config()
 
     def _deadline(self) -> float:
         return time.time() + self.timeout
@@ -118,11 +130,12 @@ class KafkaPublishedSensor(_DeferrableKafkaSensor):
     def poke(self, context: Any) -> bool:
         m = self._manifest()
         actual = skafka.end_offsets(self._config(), m.topic)
-        if any(actual.get(p, 0) > e for p, e in m.end_offsets().items()) or set(actual) - set(m.end_offsets()):
+        status = published_status(actual, m.end_offsets())
+        if status == "mismatch":
             raise AirflowFailException(f"topic {m.topic} holds more than its manifest: end offsets {actual}, "
                                        f"manifest {m.end_offsets()}: something else writes to it; re-run the date")
         self.log.info("topic %s end offsets %s, manifest %s", m.topic, actual, m.end_offsets())
-        return actual == m.end_offsets()
+        return status == "published"
 
     def _trigger(self) -> KafkaPublishedTrigger:
         m = self._manifest()
@@ -151,24 +164,27 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
     the lag it last saw per partition.
     """
 
-    template_fields: Sequence[str] = ("manifest_path", "group_id", "trainer_dir")
+    template_fields: Sequence[str] = ("manifest_path", "group_id")
 
     def __init__(self, *, manifest_path: str, group_id: str | None = None, max_lag: int = 0,
-                 trainer_dir: str | None = None, **kwargs: Any) -> None:
+                 follow_trainer: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_lag < 0:
             raise ValueError(f"max_lag = {max_lag}: must be >= 0")
         self.manifest_path = manifest_path
         self.group_id = group_id
         self.max_lag = max_lag
-        self.trainer_dir = trainer_dir
-        """Folder of a trainer launched by DeepSpeedTrainOperator: followed through its exit code."""
+        self.follow_trainer = follow_trainer
+        """Follow the run's trainer (launched by DeepSpeedTrainOperator) through its exit code."""
 
     def _group(self, m: Manifest) -> str:
-        return self.group_id or f"stoker-train.{m.topic}"
+        return self.group_id or consumer_group(m.topic)
+
+    def _trainer(self, m: Manifest) -> TrainerFiles:
+        return RunLayout.of_manifest(self.manifest_path).trainer(m.topic)
 
     def _rc_file(self, m: Manifest) -> str | None:
-        return f"{self.trainer_dir}/{m.topic}/trainer.rc" if self.trainer_dir else None
+        return str(self._trainer(m).rc) if self.follow_trainer else None
 
     def _report(self) -> tuple[Manifest, skafka.LagReport]:
         m = read_manifest(self.manifest_path)
@@ -201,7 +217,7 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
         if status == "caught_up":
             return event
         if status == "trainer_failed":
-            log = f"{self.trainer_dir}/{m.topic}/trainer.log"
+            log = self._trainer(m).log
             raise AirflowFailException(f"the trainer exited with {event.get('rc')} at {event.get('lag')} messages of "
                                        f"lag: see {log}; clearing the train task resumes from its last checkpoint")
         if status == "trainer_stopped_early":

@@ -20,7 +20,7 @@ from stoker import kafka as skafka
 async def _kafka_config(kafka_config_id: str) -> dict[str, Any]:
     from stoker_airflow.hooks import StokerKafkaHook
 
-    return await asyncio.to_thread(StokerKafkaHook(kafka_config_id).get_config)
+    return await asyncio.to_thread(StokerKafkaHook(kafka_config_id).client_config)
 
 
 class KafkaPublishedTrigger(BaseTrigger):
@@ -50,11 +50,9 @@ class KafkaPublishedTrigger(BaseTrigger):
             else:
                 error = ""
             got = {str(k): v for k, v in actual.items()}
-            if got == self.expected:
-                yield TriggerEvent({"status": "published", "topic": self.topic, "end_offsets": got})
-                return
-            if any(got.get(p, 0) > want for p, want in self.expected.items()) or set(got) - set(self.expected):
-                yield TriggerEvent({"status": "mismatch", "topic": self.topic, "end_offsets": got,
+            status = published_status(got, self.expected)
+            if status is not None:
+                yield TriggerEvent({"status": status, "topic": self.topic, "end_offsets": got,
                                     "expected": self.expected})
                 return
             if self.deadline is not None and time.time() >= self.deadline:
@@ -63,6 +61,16 @@ class KafkaPublishedTrigger(BaseTrigger):
                 return
             self.log.info("waiting for %s: end offsets %s, manifest %s %s", self.topic, got, self.expected, error)
             await asyncio.sleep(self.poll_interval)
+
+
+def published_status(actual: dict[Any, int], expected: dict[Any, int]) -> str | None:
+    """``published`` when a topic's end offsets equal the manifest's, ``mismatch`` when it holds more
+    than the manifest (another writer), None while the publish may still be completing."""
+    if actual == expected:
+        return "published"
+    if any(actual.get(p, 0) > want for p, want in expected.items()) or set(actual) - set(expected):
+        return "mismatch"
+    return None
 
 
 def trainer_exit(rc_file: str | None) -> int | None:

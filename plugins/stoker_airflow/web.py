@@ -18,6 +18,8 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
+from stoker.layout import RunLayout
+
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -31,14 +33,12 @@ async def require_login(request: Request) -> None:
 
 
 def _run_dir(corpus: str, ds: str) -> Path:
-    from stoker import paths
-
     if not (_SAFE.match(corpus) and _SAFE.match(ds)):
         raise HTTPException(400, f"bad run reference {corpus!r}/{ds!r}")
-    d = paths.run_dir(corpus, ds)
-    if not (d / "manifest.json").is_file():
-        raise HTTPException(404, f"run {corpus}/{ds} has no manifest yet ({d}): it has not published")
-    return d
+    run = RunLayout.of(corpus, ds)
+    if not run.manifest.is_file():
+        raise HTTPException(404, f"run {corpus}/{ds} has no manifest yet ({run.run_dir}): it has not published")
+    return run.run_dir
 
 
 def run_for_dag_run(dag_id: str, run_id: str) -> Path | None:
@@ -48,13 +48,14 @@ def run_for_dag_run(dag_id: str, run_id: str) -> Path | None:
     from stoker import paths
 
     corpus = dag_id.removeprefix("refresh_")
-    for timings in sorted((paths.runs_dir() / corpus).glob("*/timings.json"), reverse=True):
+    for run in sorted((RunLayout(d) for d in (paths.runs_dir() / corpus).glob("*")), reverse=True,
+                      key=lambda r: r.run_dir.name):
         try:
-            data = json.loads(timings.read_text())
+            data = json.loads(run.timings.read_text())
         except (OSError, ValueError):
             continue
         if any(isinstance(row, dict) and row.get("run") == run_id for row in data.values()):
-            return timings.parent
+            return run.run_dir
     return None
 
 
@@ -133,7 +134,7 @@ def create_app() -> FastAPI:
     @app.get("/dag-runs/{dag_id}/{run_id}", response_class=HTMLResponse)
     def dag_run_page(dag_id: str, run_id: str) -> HTMLResponse:
         d = run_for_dag_run(dag_id, run_id)
-        if d is None or not (d / "manifest.json").is_file():
+        if d is None or not RunLayout(d).manifest.is_file():
             return _page(f"{dag_id} {run_id}", "<p>This run has not published yet: its summary appears once "
                          "tokenize_publish has written the manifest.</p>")
         return _summary_html(d)

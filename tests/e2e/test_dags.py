@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker import paths
+from stoker.layout import RunLayout
 from stoker.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
@@ -79,7 +79,7 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     out = subprocess.run([sys.executable, "-c", DAG_TEST], cwd=REPO, env=os.environ.copy(),
                          capture_output=True, text=True, timeout=900)
     assert 'STATE="success"' in out.stdout, out.stdout[-4000:] + out.stderr[-4000:]
-    run_dir = paths.run_dir("sample", "2026-12-01")
+    run_dir = RunLayout.of("sample", "2026-12-01").run_dir
     m = read_manifest(run_dir)
     assert m.docs_in == m.docs_kept + sum(m.docs_dropped.values())
     assert {"duplicate", "invalid_json", "invalid_utf8", "missing_text", "empty_text"} <= set(m.docs_dropped)
@@ -96,7 +96,7 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     committed = skafka.committed_offsets(kafka_config, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
     assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
     assert Path(training["loss_curve"]).stat().st_size > 0
-    cli = subprocess.run([sys.executable, "-m", "stoker.cli", "runs", "show", "sample/2026-12-01", "--json"],
+    cli = subprocess.run([sys.executable, "-m", "stoker.local.cli", "runs", "show", "sample/2026-12-01", "--json"],
                          capture_output=True, text=True, check=True, env=os.environ.copy())
     assert json.loads(cli.stdout)["docs_kept"] == m.docs_kept
 
@@ -167,7 +167,7 @@ def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config
     assert 'STATE="success"' in log, log[-4000:]
     assert f"complete: {root}/2026-12-01/_SUCCESS present" in log
 
-    m = read_manifest(paths.run_dir("sample_s3", "2026-12-01"))
+    m = read_manifest(RunLayout.of("sample_s3", "2026-12-01").run_dir)
     assert m.source_uri == f"{root}/2026-12-01"
     assert [Path(f["path"]).name for f in m.source_files] == [p.name for p in files]
     for f, p in zip(m.source_files, files, strict=True):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from stoker import kafka as skafka
-from stoker import stack
+from stoker.local import broker as stack
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from stoker import kafka as skafka
-from stoker import stack
 from stoker.exceptions import StackError
+from stoker.local import broker as stack
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def _is_kafka(pid: int) -> bool:
 
 def test_cli_status_reports_json(tmp_path):
     env = {"STOKER_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "stoker.cli", "kafka", "status"], env=env,
+    out = subprocess.run([sys.executable, "-m", "stoker.local.cli", "kafka", "status"], env=env,
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["running"] is False
 

@@ -18,7 +18,9 @@ from spark_jobs.tokenization import load_tokenizer
 from spark_jobs.tokenize_publish import run_job
 from stoker import kafka as skafka
 from stoker import records
+from stoker.layout import RunLayout, tasks_topic
 from stoker.manifest import read_manifest
+from stoker_airflow.launcher import TrainerLauncher
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +89,9 @@ def test_counts_decode_and_offsets(spark, kafka_config, small_cfg, tmp_path):
     assert m.end_offsets() == skafka.end_offsets(kafka_config, topic)
     seen = Counter(msg.partition() for msg in msgs)
     assert {p.partition: p.sequences for p in m.partitions} == {p: seen.get(p, 0) for p in range(4)}
-    assert not [t for t in skafka.list_topics(kafka_config, "stoker.test.20261201.") if t != topic]
+    # nothing else under the run's name but its task log (the operator deletes it once the manifest is written)
+    left = skafka.list_topics(kafka_config, "stoker.test.20261201.")
+    assert not [t for t in left if t not in (topic, tasks_topic(topic))]
 
 
 def test_failed_spark_task_is_retried_without_loss_or_duplicates(spark, kafka_config, small_cfg, tmp_path):
@@ -116,16 +120,19 @@ def test_rerun_under_the_same_topic_replaces_it(spark, kafka_config, small_cfg, 
     first = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
                     kafka_config=kafka_config)
     # a trainer had checkpointed offsets into the first publication of this topic name
-    stale = tmp_path / "run" / "train" / topic / "checkpoints"
-    stale.mkdir(parents=True)
-    (stale / "latest").write_text("step00000007")
+    trainer = RunLayout(tmp_path / "run").trainer(topic)
+    trainer.checkpoints.mkdir(parents=True)
+    (trainer.checkpoints / "latest").write_text("step00000007")
+    trainer.publication.write_text(first.publication)
     again = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
                     kafka_config=kafka_config)
     msgs = skafka.read_all(kafka_config, topic)
     assert len(msgs) == again.sequences == first.sequences
     assert len({x.key() for x in msgs}) == len(msgs)
-    # ...and its checkpoints are gone with the old data: the next trainer starts on the new one
-    assert not (tmp_path / "run" / "train" / topic).exists()
+    assert again.publication != first.publication
+    # ...and the train task's launcher drops its checkpoints with the old data: the next trainer starts anew
+    TrainerLauncher(trainer).adopt_or_reset(again)
+    assert not trainer.folder.exists()
 
 
 def test_compressed_files_read_like_plain_ones_and_every_file_is_in_the_lineage(spark, kafka_config, small_cfg,

@@ -78,7 +78,7 @@ class StackEnv:
     password: str
 
     def stoker(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-        res = subprocess.run([sys.executable, "-m", "stoker.cli", *args], env=self.env, capture_output=True,
+        res = subprocess.run([sys.executable, "-m", "stoker.local.cli", *args], env=self.env, capture_output=True,
                              text=True, timeout=timeout, cwd=REPO)
         if check and res.returncode != 0:
             raise AssertionError(f"stoker {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
@@ -131,7 +131,7 @@ def _clean_env(home: Path, password: str) -> dict[str, str]:
 
 
 def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
-    from stoker import sample
+    from stoker.local import sample
 
     if home.exists():
         shutil.rmtree(home)

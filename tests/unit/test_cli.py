@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.cli import backfill_limits
 from stoker.config import load_corpus
+from stoker.local.cli import backfill_limits
 from stoker.paths import corpora_dir
 
 pytestmark = pytest.mark.unit

@@ -101,8 +101,8 @@ def test_airflow_commands_are_real_cli_commands(compose):
         args = parser.parse_args(cmd[1:])  # unknown subcommands or flags exit with an error
         assert callable(args.func)
     init = compose["services"]["airflow-init"]["command"]
-    assert "airflow db migrate" in init[-1] and "stoker.cli sample-corpus" in init[-1]
-    from stoker.cli import build_parser
+    assert "airflow db migrate" in init[-1] and "stoker.local.cli sample-corpus" in init[-1]
+    from stoker.local.cli import build_parser
 
     build_parser().parse_args(["sample-corpus"])
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stoker.exceptions import SourceError
-from stoker.sources import S3Settings, drop_status, is_data_file, is_data_path, split_s3, webhdfs_url_for
+from stoker.hdfs import webhdfs_url_for
+from stoker.sources import S3Settings, drop_status, is_data_file, is_data_path, split_s3
 
 pytestmark = pytest.mark.unit
 
@@ -91,12 +92,12 @@ def test_connector_and_server_versions_agree_everywhere():
 
     from stoker import paths
     from stoker.connectors import HADOOP_VERSION, spark_hadoop_version
-    from stoker.servers import SEAWEEDFS_VERSION
+    from stoker.local.servers import SEAWEEDFS_VERSION
 
     assert spark_hadoop_version() == HADOOP_VERSION
     make = (paths.REPO_ROOT / "Makefile").read_text()
     assert re.search(r"^HADOOP_VER\s*:=\s*(\S+)", make, re.M).group(1) == HADOOP_VERSION
     assert re.search(r"^SEAWEEDFS_VER\s*:=\s*(\S+)", make, re.M).group(1) == SEAWEEDFS_VERSION
-    for pom in ("stoker/connectors/pom.xml", "stoker/servers/hdfs/pom.xml"):
+    for pom in ("stoker/connectors/pom.xml", "stoker/local/servers/hdfs/pom.xml"):
         text = (paths.REPO_ROOT / pom).read_text()
         assert f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in text, pom

@@ -106,7 +106,8 @@ class KafkaTokenSource:
 
         if self._consumer is None:
             self._open()
-        seqs, keys = [], []
+        seqs: list[Any] = []
+        keys: list[bytes] = []
         t0 = time.perf_counter()
         last_progress = time.monotonic()
         while len(seqs) < self.batch_size and self._live:

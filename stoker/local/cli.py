@@ -18,37 +18,39 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from stoker import paths, runs, stack
+from stoker import paths, runs
 from stoker.exceptions import StokerError
+from stoker.layout import RunLayout
+from stoker.local import broker as kbroker
 
 
 def _kafka(args: argparse.Namespace) -> int:
     if args.action == "up":
-        b = stack.up()
+        b = kbroker.up()
         print(f"kafka up on {b.bootstrap} (data in {b.home})")
     elif args.action == "down":
-        print("kafka stopped" if stack.down() else "kafka was not running")
+        print("kafka stopped" if kbroker.down() else "kafka was not running")
     else:
-        print(stack.status_json())
+        print(kbroker.status_json())
     return 0
 
 
 def _storage(args: argparse.Namespace) -> int:
-    from stoker import servers
+    from stoker.local import storage
 
     if args.action == "up":
         ds = args.ds or datetime.now(UTC).date().isoformat()
-        servers.storage_up(ds, tuple(args.only or ("s3", "hdfs")))
+        storage.storage_up(ds, tuple(args.only or ("s3", "hdfs")))
         print(f"Try          STOKER_CORPORA=corpora/examples stoker refresh sample_s3 --ds {ds}   (or sample_hdfs)")
     elif args.action == "down":
-        servers.storage_down()
+        storage.storage_down()
     else:
-        print(json.dumps(servers.storage_status(), indent=2))
+        print(json.dumps(storage.storage_status(), indent=2))
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
-    from stoker import services
+    from stoker.local import services
 
     s = services.up()
     print()
@@ -62,7 +64,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from stoker import services
+    from stoker.local import services
 
     services.down()
     return 0
@@ -70,7 +72,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _airflow(args: argparse.Namespace) -> int:
     """The airflow CLI against the local stack's metadata database (same env as the stack)."""
-    from stoker import services
+    from stoker.local import services
 
     env = {**os.environ, **services.airflow_stack_env(services.default_stack())}
     argv = args.args[1:] if args.args[:1] == ["--"] else args.args
@@ -99,14 +101,14 @@ def backfill_limits(argv: list[str]) -> list[str]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from stoker import services
+    from stoker.local import services
 
     print(json.dumps(services.status(), indent=2))
     return 0
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from stoker import sample
+    from stoker.local import sample
 
     out = Path(args.out) if args.out else paths.state_dir() / "data" / "sample"
     tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else paths.state_dir() / "tokenizers" / "sample-bpe-8192"
@@ -128,10 +130,10 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _refresh(args: argparse.Namespace) -> int:
-    from stoker.airflow_env import airflow_env
+    from stoker.local.airflow_env import airflow_env
 
     ds = args.ds or datetime.now(UTC).date().isoformat()
-    stack.up()
+    kbroker.up()
     env = {**os.environ, **airflow_env()}
     airflow = [sys.executable, "-m", "airflow"]
     subprocess.run([*airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
@@ -140,7 +142,7 @@ def _refresh(args: argparse.Namespace) -> int:
         print(f"refresh_{args.corpus} {ds} failed (exit {res.returncode}); logs above", file=sys.stderr)
         return res.returncode
     print()
-    print(runs.render(runs.summary(paths.run_dir(args.corpus, ds))))
+    print(runs.render(runs.summary(RunLayout.of(args.corpus, ds).run_dir)))
     return 0
 
 

@@ -10,7 +10,6 @@ deterministic for a given Python installation. Nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import inspect
 import io
@@ -22,7 +21,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from stoker.manifest import atomic_write_json
+from stoker.manifest import atomic_write_json, sha256_file
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -140,14 +139,6 @@ def texts(corpus: Path) -> Iterator[str]:
                 continue
             if isinstance(text, str) and text.strip():
                 yield text
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def train_tokenizer(corpus: Path, out: Path, vocab_size: int = 8192) -> dict:

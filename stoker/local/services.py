@@ -1,6 +1,6 @@
 """The local stack of ``make up``: the whole thing a user runs, on 127.0.0.1, started by the project.
 
-* the embedded Kafka broker (:mod:`stoker.stack`);
+* the embedded Kafka broker (:mod:`stoker.local.broker`);
 * PostgreSQL as Airflow's metadata database (Debian's server binaries; its data under the state
   folder; run as the ``postgres`` user when we are root, because PostgreSQL refuses to run as root);
 * Airflow 3's api-server (UI + REST + execution API), scheduler (LocalExecutor), dag-processor and
@@ -16,7 +16,6 @@ checkpoint when the refresh is retried).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -29,15 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker import paths, stack
+from stoker import layout, paths
 from stoker.exceptions import StackError
+from stoker.local import broker as kbroker
+from stoker.process import ProcessRecord
 
 AIRFLOW_COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
 ADMIN_USER = "admin"
 
 
 @dataclass(frozen=True, slots=True)
-class Stack:
+class LocalStack:
     home: Path
     api_port: int = 8080
     pg_port: int = 39432
@@ -63,19 +64,19 @@ class Stack:
     def passwords_file(self) -> Path:
         return self.home / "passwords.json"
 
-    def broker(self) -> stack.Broker:
-        return stack.default_broker()
+    def broker(self) -> kbroker.Broker:
+        return kbroker.default_broker()
 
 
-def default_stack() -> Stack:
+def default_stack() -> LocalStack:
     """Ports from ``STOKER_API_PORT`` (8080) and ``STOKER_PG_PORT`` (39432); ``STOKER_PARALLELISM``."""
-    return Stack(home=paths.state_dir() / "stack", api_port=int(os.environ.get("STOKER_API_PORT", 8080)),
+    return LocalStack(home=paths.state_dir() / "stack", api_port=int(os.environ.get("STOKER_API_PORT", 8080)),
                  pg_port=int(os.environ.get("STOKER_PG_PORT", 39432)),
                  parallelism=int(os.environ.get("STOKER_PARALLELISM", 4)))
 
 
 # -- secrets ---------------------------------------------------------------------------------------
-def _secrets(s: Stack) -> dict[str, str]:
+def _secrets(s: LocalStack) -> dict[str, str]:
     """Generated once per state folder, mode 0600: database password, JWT and session keys."""
     path = s.home / "secrets.json"
     if path.exists():
@@ -89,7 +90,7 @@ def _secrets(s: Stack) -> dict[str, str]:
     return data
 
 
-def admin_password(s: Stack) -> str:
+def admin_password(s: LocalStack) -> str:
     """The UI login's password: ``STOKER_ADMIN_PASSWORD`` if set, else generated once and kept in
     ``<state>/stack/passwords.json`` (the simple auth manager reads the same file)."""
     wanted = os.environ.get("STOKER_ADMIN_PASSWORD")
@@ -107,13 +108,13 @@ def admin_password(s: Stack) -> str:
     return current[ADMIN_USER]
 
 
-def db_url(s: Stack, driver: str = "psycopg2") -> str:
+def db_url(s: LocalStack, driver: str = "psycopg2") -> str:
     return f"postgresql+{driver}://airflow:{_secrets(s)['pg_password']}@127.0.0.1:{s.pg_port}/airflow"
 
 
-def airflow_stack_env(s: Stack) -> dict[str, str]:
+def airflow_stack_env(s: LocalStack) -> dict[str, str]:
     """The environment every Airflow component of the stack runs with."""
-    from stoker.airflow_env import airflow_env
+    from stoker.local.airflow_env import airflow_env
 
     sec = _secrets(s)
     env = airflow_env(s.broker().bootstrap)
@@ -146,73 +147,20 @@ def airflow_stack_env(s: Stack) -> dict[str, str]:
 
 
 # -- processes -------------------------------------------------------------------------------------
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start time in clock ticks
+def _record(s: LocalStack, name: str) -> ProcessRecord:
+    return ProcessRecord(s.pid_dir / f"{name}.json")
 
 
-def _record(s: Stack, name: str, pid: int) -> None:
-    s.pid_dir.mkdir(parents=True, exist_ok=True)
-    (s.pid_dir / f"{name}.json").write_text(json.dumps({"pid": pid, "start": _start_ticks(pid)}))
-
-
-def _recorded(s: Stack, name: str) -> int | None:
+def _recorded(s: LocalStack, name: str) -> int | None:
     """The pid of a component this stack started, if that very process still runs."""
-    try:
-        rec = json.loads((s.pid_dir / f"{name}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    pid = int(rec["pid"])
-    return pid if rec.get("start") is not None and _start_ticks(pid) == rec["start"] else None
+    return _record(s, name).pid()
 
 
-def _group_and_descendants(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = {root, *root.children(recursive=True)}
-    except psutil.NoSuchProcess:
-        procs = set()
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(p.pid) == pid:
-                procs.add(p)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return [p for p in procs if p.pid != os.getpid()]
+def _spawn(s: LocalStack, name: str, cmd: list[str], env: dict[str, str], preexec: list[str] | None = None) -> int:
+    return _record(s, name).spawn([*(preexec or []), *cmd], log=s.log_dir / f"{name}.log", env=env, cwd=s.home).pid
 
 
-def _stop_tree(pid: int, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
-    """Signal the process group and every descendant, wait, then KILL what is left."""
-    import psutil
-
-    procs = _group_and_descendants(pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.send_signal(sig)
-    _gone, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive + _group_and_descendants(pid):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(alive, timeout=10)
-
-
-def _spawn(s: Stack, name: str, cmd: list[str], env: dict[str, str], preexec: list[str] | None = None) -> int:
-    s.log_dir.mkdir(parents=True, exist_ok=True)
-    with open(s.log_dir / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen([*(preexec or []), *cmd], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=s.home)
-    _record(s, name, proc.pid)
-    return proc.pid
-
-
-def _log_tail(s: Stack, name: str, lines: int = 25) -> str:
+def _log_tail(s: LocalStack, name: str, lines: int = 25) -> str:
     try:
         return "\n".join((s.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -238,11 +186,11 @@ def _as_pg_user() -> list[str]:
     return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
 
 
-def _pg_env(s: Stack) -> dict[str, str]:
+def _pg_env(s: LocalStack) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "STOKER_HOME": str(paths.state_dir())}
 
 
-def _pg_init(s: Stack) -> None:
+def _pg_init(s: LocalStack) -> None:
     if (s.pg_data / "PG_VERSION").exists():
         return
     s.pg_data.mkdir(parents=True, exist_ok=True)
@@ -267,19 +215,19 @@ def _pg_init(s: Stack) -> None:
         raise StackError(f"initdb in {s.pg_data} failed: {res.stdout}{res.stderr}")
 
 
-def _pg_connect(s: Stack, dbname: str, timeout: float = 3.0) -> Any:
+def _pg_connect(s: LocalStack, dbname: str, timeout: float = 3.0) -> Any:
     import psycopg2
 
     return psycopg2.connect(host="127.0.0.1", port=s.pg_port, user="airflow", dbname=dbname,
                             password=_secrets(s)["pg_password"], connect_timeout=int(max(1, timeout)))
 
 
-def _pg_up(s: Stack, timeout: float = 60.0) -> bool:
+def _pg_up(s: LocalStack, timeout: float = 60.0) -> bool:
     """Start PostgreSQL unless it runs; make the ``airflow`` database. True if this call started it."""
     import psycopg2
 
     if _recorded(s, "postgres") is None:
-        if stack._port_open(s.pg_port):
+        if kbroker.port_open(s.pg_port):
             raise StackError(f"port {s.pg_port} is in use by a process this stack did not start: stop it or set "
                              "STOKER_PG_PORT")
         _pg_init(s)
@@ -311,14 +259,14 @@ def _pg_up(s: Stack, timeout: float = 60.0) -> bool:
 
 
 # -- Airflow ---------------------------------------------------------------------------------------
-def _airflow_cmd(component: str, s: Stack) -> list[str]:
+def _airflow_cmd(component: str, s: LocalStack) -> list[str]:
     base = [str(Path(sys.executable).parent / "airflow")]
     if component == "api-server":
         return [*base, "api-server", "--host", "127.0.0.1", "--port", str(s.api_port), "--workers", "1"]
     return [*base, component]
 
 
-def health(s: Stack, timeout: float = 3.0) -> dict[str, Any] | None:
+def health(s: LocalStack, timeout: float = 3.0) -> dict[str, Any] | None:
     import httpx
 
     try:
@@ -335,7 +283,7 @@ def _all_healthy(h: dict[str, Any] | None) -> bool:
                for k in ("metadatabase", "scheduler", "triggerer", "dag_processor") if k in h)
 
 
-def up(s: Stack | None = None, timeout: float = 240.0, log: Any = print) -> Stack:
+def up(s: LocalStack | None = None, timeout: float = 240.0, log: Any = print) -> LocalStack:
     """Start what is not running (Kafka, PostgreSQL, Airflow's four components) and wait until the
     API server reports every component healthy. Idempotent."""
     s = s or default_stack()
@@ -343,10 +291,10 @@ def up(s: Stack | None = None, timeout: float = 240.0, log: Any = print) -> Stac
     admin_password(s)
     started = _read_started(s)
     b = s.broker()
-    if stack.status(b)["running"]:
+    if kbroker.status(b)["running"]:
         log(f"kafka       already running on {b.bootstrap}")
     else:
-        stack.up(b)
+        kbroker.up(b)
         started.add("kafka")
         log(f"kafka       up on {b.bootstrap}")
     _write_started(s, started)
@@ -359,7 +307,7 @@ def up(s: Stack | None = None, timeout: float = 240.0, log: Any = print) -> Stac
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     missing = [c for c in AIRFLOW_COMPONENTS if _recorded(s, c) is None]
     if missing:
-        if stack._port_open(s.api_port) and "api-server" in missing:
+        if kbroker.port_open(s.api_port) and "api-server" in missing:
             raise StackError(f"port {s.api_port} is in use by a process this stack did not start: stop it or "
                              "set STOKER_API_PORT")
         res = subprocess.run([env["PATH"].split(os.pathsep)[0] + "/airflow", "db", "migrate"], env=env,
@@ -385,59 +333,40 @@ def up(s: Stack | None = None, timeout: float = 240.0, log: Any = print) -> Stac
     return s
 
 
-def _read_started(s: Stack) -> set[str]:
+def _read_started(s: LocalStack) -> set[str]:
     try:
         return set(json.loads((s.home / "started.json").read_text()))
     except (OSError, ValueError):
         return set()
 
 
-def _write_started(s: Stack, started: set[str]) -> None:
+def _write_started(s: LocalStack, started: set[str]) -> None:
     (s.home / "started.json").write_text(json.dumps(sorted(started)))
 
 
-def _live_trainers() -> list[Any]:
-    from stoker.trainer_process import TrainerProcess
-
-    out = []
-    for pid_file in paths.runs_dir().glob("*/*/train/*/trainer.pid"):
-        t = TrainerProcess(pid_file.parent)
-        if t.running():
-            out.append(t)
-    return out
-
-
-def down(s: Stack | None = None, log: Any = print) -> list[str]:
+def down(s: LocalStack | None = None, log: Any = print) -> list[str]:
     """Stop exactly what ``up`` started (and detached trainers of this state folder), newest first."""
     s = s or default_stack()
     stopped = []
     for c in ("api-server", "scheduler", "triggerer", "dag-processor"):
-        pid = _recorded(s, c)
-        if pid is not None:
-            _stop_tree(pid)
+        if _record(s, c).stop():
             stopped.append(c)
-        (s.pid_dir / f"{c}.json").unlink(missing_ok=True)
-    for t in _live_trainers():
-        pid = t.pid()
-        if pid is not None:
-            _stop_tree(pid)
+    for t in layout.all_trainers():
+        if t.process.stop():
             stopped.append(f"trainer {t.folder.name}")
             log(f"stopped trainer in {t.folder} (it resumes from its last checkpoint when the run is retried)")
-    pid = _recorded(s, "postgres")
-    if pid is not None:
-        _stop_tree(pid, sig=signal.SIGINT)  # fast shutdown: roll back open transactions, exit cleanly
+    if _record(s, "postgres").stop(sig=signal.SIGINT):  # fast shutdown: roll back open transactions
         stopped.append("postgres")
-    (s.pid_dir / "postgres.json").unlink(missing_ok=True)
     started = _read_started(s)
-    if "kafka" in started and stack.down(s.broker()):
+    if "kafka" in started and kbroker.down(s.broker()):
         stopped.append("kafka")
     _write_started(s, set())
     log(f"stopped: {', '.join(stopped)}" if stopped else "nothing of the stack was running")
     return stopped
 
 
-def status(s: Stack | None = None) -> dict[str, Any]:
+def status(s: LocalStack | None = None) -> dict[str, Any]:
     s = s or default_stack()
     comps: dict[str, Any] = {c: _recorded(s, c) for c in ("postgres", *AIRFLOW_COMPONENTS)}
     h = health(s) if comps["api-server"] else None
-    return {"ui": s.api_url, "kafka": stack.status(s.broker()), "pids": comps, "health": h}
+    return {"ui": s.api_url, "kafka": kbroker.status(s.broker()), "pids": comps, "health": h}

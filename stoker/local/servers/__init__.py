@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -29,8 +28,9 @@ from typing import Any
 from stoker import paths
 from stoker.connectors import HADOOP_VERSION
 from stoker.exceptions import StackError
-from stoker.services import _start_ticks
-from stoker.sources import HdfsStore, S3Settings, S3Store
+from stoker.hdfs import HdfsStore
+from stoker.process import ProcessRecord
+from stoker.sources import S3Settings, S3Store
 
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 """The github.com/seaweedfs/seaweedfs module version; the Makefile's SEAWEEDFS_VER must match."""
@@ -78,16 +78,6 @@ def _bindable(port: int) -> bool:
             return False
 
 
-def _alive(pid: int, proc: subprocess.Popen[bytes] | None) -> bool:
-    if proc is not None:
-        return proc.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 class _Server:
     name = "server"
     stop_grace = 20.0
@@ -102,24 +92,16 @@ class _Server:
         return self.home / f"{self.name}.log"
 
     @property
-    def pid_file(self) -> Path:
-        return self.home / f"{self.name}.pid"
+    def process(self) -> ProcessRecord:
+        return ProcessRecord(self.home / f"{self.name}.pid")
 
     def _spawn(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, **(env or {})}, cwd=self.home, start_new_session=True)
-        self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "start": _start_ticks(self.proc.pid)}))
+        self.proc = self.process.spawn(cmd, log=self.log_file, env={**os.environ, **(env or {})}, cwd=self.home)
 
     def recorded_pid(self) -> int | None:
         """The pid this server's home recorded, if that very process still runs (a detached server)."""
-        try:
-            rec = json.loads(self.pid_file.read_text())
-        except (OSError, ValueError):
-            return None
-        pid = int(rec["pid"])
-        return pid if rec.get("start") is not None and _start_ticks(pid) == rec["start"] else None
+        return self.process.pid()
 
     def _wait(self, ready: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -146,21 +128,10 @@ class _Server:
 
     def stop(self) -> bool:
         """Stop the process group (started here, or recorded in ``home`` by an earlier ``start``)."""
-        pid = self.proc.pid if self.proc is not None and self.proc.poll() is None else self.recorded_pid()
-        if pid is None:
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_grace
-        while time.monotonic() < deadline and _alive(pid, self.proc):
-            time.sleep(0.1)
-        if _alive(pid, self.proc):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        stopped = self.process.stop(grace=self.stop_grace)
         if self.proc is not None:
             self.proc.wait(timeout=10)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return stopped
 
     def __enter__(self) -> Any:
         self.start()  # type: ignore[attr-defined]
@@ -281,80 +252,3 @@ class MiniHdfs(_Server):
                      "-D", "dfs.datanode.hostname=127.0.0.1", "-D", "dfs.namenode.safemode.extension=0"])
         self._wait(lambda: self._live_datanodes() >= 1, timeout)
         return self
-
-
-# ----------------------------------------------------------------- `stoker storage`: local servers
-
-S3_BASE_PORT = 39400
-"""`stoker storage up`'s SeaweedFS uses 39400-39407; its S3 endpoint is http://127.0.0.1:39406."""
-HDFS_RPC_PORT, HDFS_HTTP_PORT = 39820, 39870
-"""`stoker storage up`'s NameNode: hdfs://127.0.0.1:39820, WebHDFS on http://127.0.0.1:39870
-(corpora/examples/sample_hdfs.yaml points there)."""
-
-
-def storage_home() -> Path:
-    return paths.state_dir() / "storage"
-
-
-def local_s3() -> SeaweedS3:
-    return SeaweedS3(storage_home() / "s3", base_port=S3_BASE_PORT)
-
-
-def local_hdfs() -> MiniHdfs:
-    return MiniHdfs(storage_home() / "hdfs", rpc_port=HDFS_RPC_PORT, http_port=HDFS_HTTP_PORT)
-
-
-def s3_connection_file() -> Path:
-    return storage_home() / "s3" / "connection.json"
-
-
-def local_s3_connection_env() -> dict[str, str]:
-    """``AIRFLOW_CONN_AWS_DEFAULT`` for the local S3 server while `stoker storage up` runs it."""
-    f = s3_connection_file()
-    if not f.is_file() or local_s3().recorded_pid() is None:
-        return {}
-    return {"AIRFLOW_CONN_AWS_DEFAULT": f.read_text().strip()}
-
-
-def _copy_night(store: Any, src: Path, dest: str) -> int:
-    files = sorted(p for p in src.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
-    for p in files:
-        store.put(f"{dest}/{p.name}", p.read_bytes())
-    store.put(f"{dest}/_SUCCESS", b"")  # last: the night is complete
-    return len(files)
-
-
-def storage_up(ds: str, which: tuple[str, ...] = ("s3", "hdfs"), log: Callable[[str], Any] = print) -> None:
-    """Start the local S3 and/or HDFS (detached; idempotent) and copy the sample corpus into
-    each as night ``ds``: ``s3://corpora/sample/<ds>/`` and ``/corpora/sample/<ds>/``."""
-    sample = paths.state_dir() / "data" / "sample"
-    if not (sample / "_SUCCESS").exists():
-        raise StackError(f"no sample corpus in {sample}: run `make setup` (or `stoker sample-corpus`) first")
-    if "s3" in which:
-        s3 = local_s3()
-        if s3.recorded_pid() is None:
-            s3.start()
-        s3.create_bucket("corpora")
-        n = _copy_night(s3.store(), sample, f"s3://corpora/sample/{ds}")
-        write_private(s3_connection_file(), json.dumps(s3.connection()))
-        log(f"S3    {s3.endpoint_url}  (SeaweedFS; {n} files in s3://corpora/sample/{ds}/)")
-        log(f"      access key {s3.access_key}, secret in {s3.home / 'credentials.json'}; `stoker refresh` and "
-            "`stoker up` use it as the aws_default connection")
-    if "hdfs" in which:
-        h = local_hdfs()
-        if h.recorded_pid() is None:
-            h.start()
-        n = _copy_night(h.store(), sample, h.uri(f"/corpora/sample/{ds}"))
-        log(f"HDFS  {h.url}  (WebHDFS {h.webhdfs_url}; {n} files in /corpora/sample/{ds}/; "
-            "data lasts until `stoker storage down`)")
-
-
-def storage_down(log: Callable[[str], Any] = print) -> None:
-    for server in (local_s3(), local_hdfs()):
-        log(f"{server.name}: {'stopped' if server.stop() else 'was not running'}")
-
-
-def storage_status() -> dict[str, Any]:
-    s3, h = local_s3(), local_hdfs()
-    return {"s3": {"running": s3.recorded_pid() is not None, "endpoint_url": s3.endpoint_url},
-            "hdfs": {"running": h.recorded_pid() is not None, "url": h.url, "webhdfs_url": h.webhdfs_url}}

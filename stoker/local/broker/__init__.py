@@ -1,9 +1,10 @@
 """The embedded stack: a single-node Apache Kafka broker (KRaft, combined controller+broker).
 
 The broker is Apache Kafka itself, from the jars ``make setup`` resolved from Maven Central
-(stoker/broker/pom.xml) into the per-user cache. Its data, config, log and pid file live under
+(stoker/local/broker/pom.xml) into the per-user cache. Its data, config, log and pid file live under
 ``<state>/kafka``. ``up`` is idempotent and waits until the broker answers; ``down`` stops exactly
-the process ``up`` started (checked by pid *and* command line), whole process group included.
+the process ``up`` started (its pid *and* start time, :mod:`stoker.process`), whole process group
+included.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import base64
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from stoker import paths
 from stoker.exceptions import StackError
+from stoker.process import ProcessRecord
 
 KAFKA_VERSION = "4.1.1"
 DEFAULT_PORT = 39092
@@ -45,8 +46,8 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
     @property
-    def pid_file(self) -> Path:
-        return self.home / "broker.pid"
+    def process(self) -> ProcessRecord:
+        return ProcessRecord(self.home / "broker.pid")
 
     @property
     def config_file(self) -> Path:
@@ -104,26 +105,11 @@ def _classpath() -> str:
     return f"{libs}/*"
 
 
-def _alive(pid: int, b: Broker) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"kafka.Kafka" in cmdline and str(b.config_file).encode() in cmdline
-
-
-def _read_pid(b: Broker) -> int | None:
-    try:
-        pid = int(b.pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _alive(pid, b) else None
-
-
-def _port_open(port: int) -> bool:
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Something listens on ``host:port``."""
     with socket.socket() as s:
         s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
 def _format_storage(b: Broker, cluster_id: str | None = None) -> None:
@@ -139,7 +125,7 @@ def _format_storage(b: Broker, cluster_id: str | None = None) -> None:
 
 
 def _log4j_config() -> Path:
-    return Path(__file__).parent / "broker" / "log4j2.properties"
+    return Path(__file__).parent / "log4j2.properties"
 
 
 def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
@@ -147,10 +133,10 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
     from stoker.kafka import check_reachable
 
     b = b or default_broker()
-    if _read_pid(b) is not None:
+    if b.process.running():
         check_reachable(b.client_config(), timeout=timeout)
         return b
-    if _port_open(b.port):
+    if port_open(b.port):
         raise StackError(
             f"port {b.port} is in use by a process this stack did not start: stop it or set STOKER_KAFKA_PORT"
         )
@@ -162,15 +148,12 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
     cmd = [_java(), *heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
            f"-Dlog4j2.configurationFile={_log4j_config()}", f"-Dkafka.logs.dir={b.log_dir}",
            "-cp", _classpath(), "kafka.Kafka", str(b.config_file)]
-    with open(b.log_dir / "stdout.log", "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=b.home)
-    b.pid_file.write_text(f"{proc.pid}\n")
+    proc = b.process.spawn(cmd, log=b.log_dir / "stdout.log", cwd=b.home)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StackError(f"Kafka exited with {proc.returncode} at start: see {b.log_dir}/server.log and stdout.log")
-        if _port_open(b.port):
+        if port_open(b.port):
             check_reachable(b.client_config(), timeout=max(1.0, deadline - time.monotonic()))
             return b
         time.sleep(0.3)
@@ -180,26 +163,12 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
 
 def down(b: Broker | None = None, timeout: float = 30.0) -> bool:
     """Stop the broker this stack started (TERM, then KILL); False if none was running."""
-    b = b or default_broker()
-    pid = _read_pid(b)
-    if pid is None:
-        b.pid_file.unlink(missing_ok=True)
-        return False
-    os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid, b):
-        time.sleep(0.2)
-    if _alive(pid, b):
-        os.killpg(pid, signal.SIGKILL)
-        while _alive(pid, b):
-            time.sleep(0.1)
-    b.pid_file.unlink(missing_ok=True)
-    return True
+    return (b or default_broker()).process.stop(grace=timeout)
 
 
 def status(b: Broker | None = None) -> dict[str, object]:
     b = b or default_broker()
-    pid = _read_pid(b)
+    pid = b.process.pid()
     return {"running": pid is not None, "pid": pid, "bootstrap": b.bootstrap, "home": str(b.home),
             "kafka_version": KAFKA_VERSION}
 

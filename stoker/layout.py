@@ -1,0 +1,184 @@
+"""Every name and path of a run, in one place. Each surface asks this module; none spells another's.
+
+A run is one refresh of one corpus for one date::
+
+    <runs>/<corpus>/<ds>/                 RunLayout.run_dir
+      manifest.json                       .manifest        written last by the Spark job: the commit point
+      quarantine/                         .quarantine      rejected records with their raw bytes
+      timings.json                        .timings         each stage's first start and last end
+      summary.json                        .summary         the report task's run summary
+      train/<topic>/                      .trainer(topic)  one trainer per published topic (TrainerFiles)
+
+Kafka names: the run's topic is ``stoker.<corpus>.<ds_nodash>.a<attempt>`` (one per publish
+attempt, so a retry never mixes with what an earlier attempt left), its task log
+``<topic>.tasks``, and the training consumer group ``stoker-train.<topic>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from stoker import paths
+from stoker.process import ProcessRecord
+
+MANIFEST_NAME = "manifest.json"
+TOPIC_PREFIX = "stoker"
+_ATTEMPT = re.compile(r"(?P<run>.+)\.a(?P<attempt>\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerFiles:
+    """The folder of one trainer (one per run topic) and what lives in it."""
+
+    folder: Path
+
+    @property
+    def process(self) -> ProcessRecord:
+        """The launcher's process record (pid + start time); see :mod:`stoker.process`."""
+        return ProcessRecord(self.folder / "trainer.pid")
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "trainer.log"
+
+    @property
+    def rc(self) -> Path:
+        """The launcher's exit code, written by the shell that wraps it."""
+        return self.folder / "trainer.rc"
+
+    @property
+    def publication(self) -> Path:
+        """Which publication of the topic this trainer's state belongs to (``Manifest.publication``)."""
+        return self.folder / "publication"
+
+    @property
+    def summary(self) -> Path:
+        return self.folder / "train_summary.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.folder / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.folder / "hf"
+
+    @property
+    def metrics(self) -> Path:
+        return self.folder / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.folder / "tensorboard"
+
+    @property
+    def loss_curve(self) -> Path:
+        return self.folder / "loss.png"
+
+    def exit_code(self) -> int | None:
+        try:
+            return int(self.rc.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class RunLayout:
+    """The folder of one run and everything in it."""
+
+    run_dir: Path
+
+    @classmethod
+    def of(cls, corpus: str, ds: str, root: Path | str | None = None) -> RunLayout:
+        """The run of ``corpus`` on ``ds`` under ``root`` (default: the state folder's runs/).
+        ``ds`` may be a Jinja template: the paths are then templates too."""
+        return cls(Path(root if root is not None else paths.runs_dir()) / corpus / ds)
+
+    @classmethod
+    def of_manifest(cls, manifest_path: Path | str) -> RunLayout:
+        return cls(Path(manifest_path).parent)
+
+    @property
+    def manifest(self) -> Path:
+        return self.run_dir / MANIFEST_NAME
+
+    @property
+    def quarantine(self) -> Path:
+        return self.run_dir / "quarantine"
+
+    @property
+    def timings(self) -> Path:
+        return self.run_dir / "timings.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.run_dir / "summary.json"
+
+    @property
+    def train_dir(self) -> Path:
+        return self.run_dir / "train"
+
+    @property
+    def logs(self) -> Path:
+        """Terminal-side logs of a run started from the CLI (Airflow's, Spark's, the trainer's)."""
+        return self.run_dir / "logs"
+
+    def trainer(self, topic: str) -> TrainerFiles:
+        return TrainerFiles(self.train_dir / topic)
+
+
+def all_runs(root: Path | str | None = None) -> Iterator[RunLayout]:
+    """Every run folder with a manifest under ``root``."""
+    base = Path(root if root is not None else paths.runs_dir())
+    for m in base.glob(f"*/*/{MANIFEST_NAME}"):
+        yield RunLayout(m.parent)
+
+
+def all_trainers(root: Path | str | None = None) -> Iterator[TrainerFiles]:
+    """Every trainer folder under ``root`` (running or not)."""
+    base = Path(root if root is not None else paths.runs_dir())
+    for run in base.glob("*/*"):
+        for folder in RunLayout(run).train_dir.glob("*"):
+            if folder.is_dir():
+                yield TrainerFiles(folder)
+
+
+# -- Kafka names ----------------------------------------------------------------------------------
+def run_topic(corpus: str, ds: str, attempt: int | str) -> str:
+    """The topic of one publish attempt of a run (``ds`` as YYYY-MM-DD)."""
+    return f"{TOPIC_PREFIX}.{corpus}.{ds.replace('-', '')}.a{attempt}"
+
+
+def topic_prefix(corpus: str) -> str:
+    """Every topic of a corpus starts with this (an Asset URI, a listing)."""
+    return f"{TOPIC_PREFIX}.{corpus}"
+
+
+def tasks_topic(topic: str) -> str:
+    """The Spark tasks' done records of a publish (spark_jobs/publish.py)."""
+    return f"{topic}.tasks"
+
+
+def consumer_group(topic: str) -> str:
+    """The training consumer group of a run topic: its lag is the run's training progress."""
+    return f"stoker-train.{topic}"
+
+
+def earlier_attempts(topic: str, existing: Iterable[str]) -> list[str]:
+    """Of ``existing`` topics, those left by other attempts of ``topic``'s run (and their task logs),
+    plus ``topic``'s own task log: garbage once ``topic``'s manifest is written."""
+    stale = {tasks_topic(topic)}
+    match = _ATTEMPT.fullmatch(topic)
+    if match:
+        other = re.compile(re.escape(match.group("run")) + r"\.a\d+(\.tasks)?")
+        stale |= {t for t in existing if other.fullmatch(t) and t != topic}
+    return sorted(stale)
+
+
+def run_of_topic(topic: str) -> str:
+    """The topic name without its attempt suffix (what every attempt of a run shares)."""
+    match = _ATTEMPT.fullmatch(topic)
+    return match.group("run") if match else topic

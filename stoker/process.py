@@ -1,0 +1,125 @@
+"""A process this project started, found again from a small record file.
+
+The record (JSON: pid and the kernel's start time of that pid) lets any later process — a retried
+Airflow task, a triggerer, ``make down``, a person with a shell — tell whether *that very process*
+still runs (a reused pid has another start time) and stop its whole process group and every
+descendant, TERM first and KILL after a grace period. Every long-lived process the project starts
+(the embedded broker, the local stack's services, the test servers, a detached trainer) is started
+with :meth:`ProcessRecord.spawn` in a session of its own, so its pid is also its process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def start_ticks(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot, or None if no such (live) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited, not yet reaped: it runs no more
+        return None
+    return int(fields[19])  # field 22 of stat: start time
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecord:
+    """``path`` holds ``{"pid": ..., "start": ...}`` of one process started by the project."""
+
+    path: Path
+
+    def spawn(self, cmd: Sequence[str], *, log: Path, env: dict[str, str] | None = None,
+              cwd: Path | str | None = None) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` detached (own session, stdin closed, output appended to ``log``) and record it."""
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=cwd, start_new_session=True)
+        self.write(proc.pid)
+        return proc
+
+    def write(self, pid: int) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"pid": pid, "start": start_ticks(pid)}))
+        os.replace(tmp, self.path)
+
+    def pid(self) -> int | None:
+        """The recorded pid, if that very process still runs."""
+        try:
+            rec = json.loads(self.path.read_text())
+            pid, start = int(rec["pid"]), rec.get("start")
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return pid if start is not None and start_ticks(pid) == start else None
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 30.0) -> bool:
+        """Stop the recorded process's group and descendants; False if it was not running."""
+        pid = self.pid()
+        if pid is not None:
+            stop_tree(pid, sig, grace)
+        self.clear()
+        return pid is not None
+
+
+def _group_and_descendants(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = {root, *root.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        procs = set()
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            if os.getpgid(p.pid) == pid:
+                procs.add(p)
+    return [p for p in procs if p.pid != os.getpid()]
+
+
+def stop_tree(pid: int, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+    """Signal ``pid``'s process group and every descendant, wait ``grace`` s, then KILL what is left."""
+    try:
+        import psutil
+    except ImportError:  # a bare core install: the group alone
+        _stop_group(pid, sig, grace)
+        return
+    procs = _group_and_descendants(pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(sig)
+    _gone, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive + _group_and_descendants(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
+def _stop_group(pid: int, sig: int, grace: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and start_ticks(pid) is not None:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

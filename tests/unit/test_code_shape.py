@@ -1,0 +1,124 @@
+"""The code's shape, read from outside as a reviewer would: short functions and files, no import
+circle, and one owner (stoker/layout.py) for the names a run's surfaces share."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = ["stoker", "plugins", "dags", "spark_jobs", "training", "bench"]
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+SHARED_NAMES = ["manifest.json", "stoker-train.", "trainer.pid", "trainer.rc", "trainer.log", "train_summary.json",
+                "timings.json", "summary.json", ".tasks", "checkpoints\"", "publication\""]
+"""File and group names that belong to the run layout: no other module spells them."""
+
+
+def _files() -> list[Path]:
+    return sorted(p for d in SOURCES for p in (REPO / d).rglob("*.py") if ".stoker" not in p.parts)
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(REPO)
+    parts = list(rel.with_suffix("").parts)
+    if parts[0] == "plugins":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def test_no_file_is_over_the_limit():
+    long = {str(p.relative_to(REPO)): n for p in _files() if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES}
+    assert not long, f"files over {MAX_FILE_LINES} lines: {long}"
+
+
+def test_no_function_is_over_the_limit():
+    long = {}
+    for p in _files():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{p.relative_to(REPO)}:{node.name}"] = n
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _module_level_imports(tree: ast.Module) -> set[str]:
+    out: set[str] = set()
+    for node in tree.body:  # imports inside functions are deliberate (heavy or local-only) and not a circle
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_no_import_circle():
+    mods = {_module(p): p for p in _files()}
+    graph = {m: {i for i in _module_level_imports(ast.parse(p.read_text())) if i in mods and i != m}
+             for m, p in mods.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in graph[m]:
+            if state.get(n) == 1:
+                raise AssertionError(f"import circle: {' -> '.join([*stack[stack.index(n):], n])}")
+            if n not in state:
+                visit(n, [*stack, n])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_the_contracts_import_no_local_stack_and_no_surface():
+    for p in (REPO / "stoker").glob("*.py"):
+        tree = ast.parse(p.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        bad = {m for m in imported if m.startswith(("stoker.local", "stoker_airflow", "spark_jobs", "training",
+                                                    "airflow", "pyspark", "torch", "deepspeed"))}
+        assert not bad, f"{p.relative_to(REPO)} imports {bad}: the contracts must deploy alone"
+
+
+def test_no_surface_spells_the_layouts_names():
+    spelled = []
+    for p in _files():
+        if p == REPO / "stoker" / "layout.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and not _is_docstring(node, p):
+                spelled += [f"{p.relative_to(REPO)}:{node.lineno} {name!r}" for name in SHARED_NAMES
+                            if name.strip('"') in node.value and _as_name(node.value, name)]
+    assert not spelled, "names owned by stoker/layout.py spelled elsewhere:\n" + "\n".join(spelled)
+
+
+def _as_name(value: str, name: str) -> bool:
+    if name.endswith('"'):  # a whole string, not a word in a message
+        return value == name.strip('"')
+    return len(value) < 60 and "{" not in value  # a name: not a sentence of a message, not a URL route
+
+
+_DOCSTRINGS: dict[Path, set[int]] = {}
+
+
+def _is_docstring(node: ast.Constant, path: Path) -> bool:
+    if path not in _DOCSTRINGS:
+        lines: set[int] = set()
+        for n in ast.walk(ast.parse(path.read_text())):
+            body = getattr(n, "body", None)
+            if isinstance(body, list):
+                for stmt in body:
+                    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                        lines.add(stmt.value.lineno)
+        _DOCSTRINGS[path] = lines
+    return node.lineno in _DOCSTRINGS[path]

@@ -1,0 +1,123 @@
+"""The run layout: one owner for every name and path of a run, and the process records that find
+a run's processes again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stoker.layout import (
+    RunLayout,
+    TrainerFiles,
+    all_trainers,
+    consumer_group,
+    earlier_attempts,
+    run_of_topic,
+    run_topic,
+    tasks_topic,
+)
+from stoker.manifest import Manifest
+from stoker.process import ProcessRecord, start_ticks
+from stoker_airflow.launcher import TrainerLauncher
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_run_and_its_trainer_live_under_one_folder(tmp_path):
+    run = RunLayout.of("sample", "2026-12-01", root=tmp_path)
+    assert run.run_dir == tmp_path / "sample" / "2026-12-01"
+    assert run.manifest.parent == run.quarantine.parent == run.timings.parent == run.run_dir
+    t = run.trainer("stoker.sample.20261201.a1")
+    assert t.folder == run.run_dir / "train" / "stoker.sample.20261201.a1"
+    assert {t.log.parent, t.rc.parent, t.checkpoints.parent, t.export.parent, t.summary.parent} == {t.folder}
+    assert RunLayout.of_manifest(run.manifest) == run
+
+
+def test_a_templated_date_gives_templated_paths():
+    ds = "{{ dag_run.run_after.strftime('%Y-%m-%d') }}"
+    assert str(RunLayout.of("c", ds, root="/r").manifest) == f"/r/c/{ds}/manifest.json"
+
+
+def test_kafka_names():
+    topic = run_topic("sample", "2026-12-01", 3)
+    assert topic == "stoker.sample.20261201.a3"
+    assert run_of_topic(topic) == "stoker.sample.20261201"
+    assert tasks_topic(topic) == topic + ".tasks"
+    assert consumer_group(topic) == "stoker-train." + topic
+
+
+def test_earlier_attempts_are_other_attempts_of_the_same_run_only():
+    topic = "stoker.s.20261201.a2"
+    existing = ["stoker.s.20261201.a1", "stoker.s.20261201.a1.tasks", topic, topic + ".tasks",
+                "stoker.s.20261202.a1", "stoker.s.20261201.a10x", "stoker.s2.20261201.a1"]
+    assert earlier_attempts(topic, existing) == ["stoker.s.20261201.a1", "stoker.s.20261201.a1.tasks",
+                                                 topic + ".tasks"]
+
+
+def test_process_record_knows_its_process_and_stops_its_group(tmp_path):
+    rec = ProcessRecord(tmp_path / "p.json")
+    proc = rec.spawn(["/bin/sh", "-c", "sleep 60 & sleep 60"], log=tmp_path / "p.log")
+    try:
+        assert rec.pid() == proc.pid and rec.running()
+        time.sleep(0.2)
+        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert children
+        assert rec.stop(grace=5) is True
+        proc.wait(timeout=10)
+        assert all(start_ticks(c) is None for c in children)  # the whole group went
+        assert not rec.running() and not rec.path.exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_reused_pid_is_not_the_recorded_process(tmp_path):
+    rec = ProcessRecord(tmp_path / "p.json")
+    rec.path.write_text(f'{{"pid": {os.getpid()}, "start": 1}}')  # this pid, another start time
+    assert rec.pid() is None
+    rec.path.write_text("not json")
+    assert rec.pid() is None
+
+
+def _manifest(created_at: str) -> Manifest:
+    return Manifest(run_id="c/2026-12-01", corpus="c", ds="2026-12-01", topic="stoker.c.20261201.a1",
+                    partitions=[], seq_len=8, dtype="uint16", tokenizer_path="t", tokenizer_sha256="x",
+                    vocab_size=10, docs_in=0, docs_kept=0, docs_dropped={}, tokens=0, padding_tokens=0,
+                    sequences=0, source_uri="data", created_at=created_at)
+
+
+def test_the_launcher_drops_state_of_another_publication_and_keeps_its_own(tmp_path):
+    files = TrainerFiles(tmp_path / "train" / "stoker.c.20261201.a1")
+    files.checkpoints.mkdir(parents=True)
+    first, second = _manifest("2026-12-01T00:00:00"), _manifest("2026-12-01T00:05:00")
+    files.publication.write_text(first.publication)
+    TrainerLauncher(files).adopt_or_reset(first)
+    assert files.checkpoints.exists()  # a retry of the same publication resumes its checkpoint
+    TrainerLauncher(files).adopt_or_reset(second)
+    assert not files.folder.exists()  # a re-publication never resumes offsets into the old data
+    assert list(all_trainers(tmp_path / "none")) == []
+
+
+def test_the_launcher_follows_a_trainer_until_its_exit_code(tmp_path):
+    files = TrainerFiles(tmp_path / "t")
+    launcher = TrainerLauncher(files)
+    cmd = [sys.executable, "-c", "import time; time.sleep(1.5)"]
+    launcher.start(_manifest("x"), cmd, {}, world_size=1)
+    assert launcher.running()
+    deadline = time.monotonic() + 30
+    while launcher.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert files.exit_code() == 0 and not launcher.running()
+    assert files.publication.read_text().strip() == _manifest("x").publication
+
+
+def test_the_launcher_runs_the_trainer_as_a_module():
+    cmd = TrainerLauncher(TrainerFiles(Path("/t"))).command("/r/manifest.json", "debug_cpu", 2, "torchrun", [])
+    assert cmd[cmd.index("-m", 3) + 1] == "training.train" and "--nproc_per_node" in cmd
+    ds = TrainerLauncher(TrainerFiles(Path("/t"))).command("/r/manifest.json", "debug_cpu", 2, "deepspeed", [])
+    assert ds[ds.index("--module") + 1] == "training.train"

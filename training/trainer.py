@@ -1,0 +1,316 @@
+"""The Trainer: construction builds the parts (distributed, data, model, engine, metrics);
+``train_step()`` does one step and returns its stats; ``checkpoint()`` and ``finish()`` save and
+wrap up; ``train()`` is the loop over them.
+
+Each rank reads its share of the run's partitions (training/data/kafka_source.py). A step
+all-reduces how many rows and tokens every rank holds, so ranks that run out of data at different
+steps never hang a collective: a rank with nothing left joins the step with an empty (fully
+masked) batch until every rank is out, and the loss is normalised by the global token count.
+Every sequence of the manifest is therefore trained on exactly once, and the consumer group ends
+at the manifest's end offsets (lag 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stoker import kafka as skafka
+from stoker.layout import TrainerFiles, consumer_group
+from stoker.manifest import Manifest, read_manifest
+from training import checkpoint
+from training.recipes import TrainRecipe, get_recipe
+
+log = logging.getLogger("stoker.train")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainArgs:
+    """What one training session is asked to do (``training/train.py``'s command line)."""
+
+    manifest: str
+    """The run's manifest.json."""
+    out: str
+    """The trainer's folder (the run layout's ``train/<topic>``): checkpoints, metrics, export."""
+    recipe: str = "debug_cpu"
+    group_id: str | None = None
+    """Training consumer group (default: the layout's ``stoker-train.<topic>``)."""
+    max_steps: int | None = None
+    """Stop after this many steps (default: the whole run)."""
+    micro_batch_size: int | None = None
+    checkpoint_every: int | None = None
+    log_keys: str | None = None
+    """Append each step's sequence keys to this file (``{rank}`` = the rank)."""
+
+
+@dataclass(slots=True)
+class StepStats:
+    """One optimizer micro-step, summed over every rank."""
+
+    step: int
+    loss: float
+    rows: int
+    tokens: int
+    seconds: float
+    data_wait: float
+    keys: list[bytes] = field(default_factory=list)
+    """This rank's sequence keys."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """Run-wide counters, saved in the checkpoint, so a resumed session continues them."""
+
+    publication: str
+    """The manifest publication the counters (and the checkpoint's offsets) belong to."""
+    step: int = 0
+    first_loss: float | None = None
+    last_loss: float | None = None
+    sequences: int = 0
+    tokens: int = 0
+    session_sequences: int = 0
+    """This session's share (not saved: a new session starts it at 0)."""
+    session_tokens: int = 0
+
+    def update(self, s: StepStats) -> None:
+        self.step = s.step
+        self.first_loss = s.loss if self.first_loss is None else self.first_loss
+        self.last_loss = s.loss
+        self.sequences += s.rows
+        self.tokens += s.tokens
+        self.session_sequences += s.rows
+        self.session_tokens += s.tokens
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "first_loss": self.first_loss, "last_loss": self.last_loss,
+                "sequences": self.sequences, "tokens": self.tokens, "manifest": self.publication}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.first_loss = state["step"], state.get("first_loss")
+        self.last_loss = state.get("last_loss")
+        self.sequences, self.tokens = state.get("sequences", 0), state.get("tokens", 0)
+
+
+def ds_config(recipe: TrainRecipe, total_steps: int) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": recipe.micro_batch_size,
+        "gradient_accumulation_steps": recipe.grad_accum_steps,
+        "gradient_clipping": recipe.grad_clip,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": recipe.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": recipe.weight_decay,
+            "torch_adam": recipe.torch_adam}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": max(total_steps, recipe.warmup_steps + 1), "warmup_num_steps": recipe.warmup_steps,
+            "warmup_min_ratio": 0.0, "cos_min_ratio": recipe.min_lr_ratio}},
+        "zero_optimization": {"stage": recipe.zero_stage},
+        "bf16": {"enabled": recipe.bf16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def special_ids(manifest: Manifest) -> tuple[int, int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(manifest.tokenizer_path)
+    eos, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>")
+    return int(eos if eos is not None else 0), int(pad if pad is not None else 0)
+
+
+def to_tensors(pending: Any, seq_len: int, pad_id: int) -> tuple[Any, Any, Any, list[bytes]]:
+    """The batch as tensors; an empty (fully masked) one-row batch when this rank has no data left."""
+    import torch
+
+    if pending is None:
+        ids = torch.full((1, seq_len), pad_id, dtype=torch.long)
+        return ids, torch.full_like(ids, -100), torch.arange(seq_len).unsqueeze(0), []
+    b = pending.batch
+    return (torch.from_numpy(b.input_ids), torch.from_numpy(b.labels), torch.from_numpy(b.position_ids), b.keys)
+
+
+def loss_sum(logits: Any, labels: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1).to(logits.device),
+                           ignore_index=-100, reduction="sum")
+
+
+def resolve_recipe(args: TrainArgs) -> TrainRecipe:
+    """The named recipe with the command line's overrides, validated like the recipe itself."""
+    recipe = get_recipe(args.recipe)
+    overrides: dict[str, Any] = {k: v for k, v in (("micro_batch_size", args.micro_batch_size),
+                                                   ("checkpoint_every", args.checkpoint_every)) if v}
+    return dataclasses.replace(recipe, **overrides) if overrides else recipe
+
+
+class Trainer:
+    """One training session on one run topic; resumes the latest checkpoint in its folder."""
+
+    def __init__(self, args: TrainArgs) -> None:
+        import deepspeed
+        import torch
+        import torch.distributed as dist
+
+        from training.data.kafka_source import KafkaTokenSource
+        from training.metrics import Metrics
+        from training.model import ExpertLoad, build_model
+
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        self.args, self.manifest, self.recipe = args, read_manifest(args.manifest), resolve_recipe(args)
+        self.files = TrainerFiles(Path(args.out))
+        self.files.folder.mkdir(parents=True, exist_ok=True)
+        self.kafka_config = skafka.config_from_env()
+        self.group_id = args.group_id or consumer_group(self.manifest.topic)
+        self.eos_id, self.pad_id = special_ids(self.manifest)
+        model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id, self.pad_id)
+        global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=ds_config(self.recipe, math.ceil(self.manifest.sequences / global_batch)))
+        self.source = KafkaTokenSource(kafka_config=self.kafka_config, manifest=self.manifest, rank=self.rank,
+                                       world=self.world, batch_size=self.recipe.micro_batch_size,
+                                       group_id=self.group_id)
+        self.progress = Progress(publication=self.manifest.publication)
+        self.data_state: dict[str, Any] = {}
+        self.saved_step = -1
+        self._resume()
+        self.loads = ExpertLoad(self.engine.module)
+        self.metrics = Metrics(self.files, enabled=self.rank == 0)
+        self.keys_log = self._open_keys_log()
+        log.info("rank %d/%d: partitions %s, %d offsets left, starting at step %d", self.rank, self.world,
+                 self.source.partitions, self.source.remaining(), self.progress.step)
+
+    def _resume(self) -> None:
+        if not checkpoint.has_checkpoint(self.files.checkpoints):
+            return
+        client = checkpoint.load(self.engine, self.files.checkpoints, expect_manifest=self.progress.publication)
+        self.source.load_state_dict(client["data"])
+        self.progress.load_state_dict(client)
+        self.saved_step = self.progress.step
+
+    def _open_keys_log(self) -> Any:
+        if not self.args.log_keys:
+            return None
+        path = Path(self.args.log_keys.replace("{rank}", str(self.rank)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "a")  # noqa: SIM115 - closed in finish()
+
+    def train_step(self) -> StepStats | None:
+        """One step on every rank; None once no rank has data left."""
+        import torch
+        import torch.distributed as dist
+
+        t0, w0 = time.perf_counter(), self.source.wait_seconds
+        pending = self.source.next_batch()
+        input_ids, labels, position_ids, keys = to_tensors(pending, self.manifest.seq_len, self.pad_id)
+        local = torch.tensor([len(keys), int((labels != -100).sum())], dtype=torch.float64)
+        dist.all_reduce(local)  # a sync point: every rank learns whether anyone still has data
+        rows, tokens = int(local[0]), float(local[1])
+        if rows == 0:
+            return None
+        device = self.engine.device
+        # attention_mask=None + per-document position_ids: block-diagonal causal attention
+        out = self.engine(input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False)
+        s = loss_sum(out.logits, labels)
+        self.engine.backward(s / max(tokens, 1.0) * self.world)  # DeepSpeed averages over ranks
+        self.engine.step()
+        if pending is not None:
+            self.source.commit(pending)
+        total = torch.tensor([float(s.detach())], dtype=torch.float64)
+        dist.all_reduce(total)
+        return StepStats(step=self.progress.step + 1, loss=float(total[0]) / max(tokens, 1.0), rows=rows,
+                         tokens=int(tokens), seconds=time.perf_counter() - t0,
+                         data_wait=self.source.wait_seconds - w0, keys=keys)
+
+    def after_step(self, stats: StepStats) -> None:
+        """Expert balancing, counters, metrics and the keys log."""
+        import torch.distributed as dist
+
+        from training.model import balance_stats, update_bias
+
+        expert = [c.clone() for c in self.loads.take()]
+        for c in expert:
+            dist.all_reduce(c)
+        if self.recipe.bias_update_speed > 0:
+            update_bias(self.engine.module, expert, self.recipe.bias_update_speed)
+        self.progress.update(stats)
+        self.metrics.log(stats.step, {
+            "loss": stats.loss, "lr": self.engine.get_lr()[0], "tokens_per_s": stats.tokens / stats.seconds,
+            "data_wait_fraction": stats.data_wait / stats.seconds, "sequences_done": self.progress.sequences,
+            **balance_stats(expert)})
+        if self.keys_log:
+            self.keys_log.write(json.dumps({"step": stats.step, "keys": [k.decode() for k in stats.keys]}) + "\n")
+            self.keys_log.flush()
+
+    def checkpoint_due(self) -> bool:
+        e = self.engine
+        return bool(e.is_gradient_accumulation_boundary() and e.global_steps % self.recipe.checkpoint_every == 0)
+
+    def checkpoint(self) -> None:
+        """Model, optimizer, scheduler, every rank's offsets and the progress counters; then the
+        offsets are committed to the consumer group (the lag sensor sees progress)."""
+        self.data_state = checkpoint.save(self.engine, self.source, self.progress.step, self.files.checkpoints,
+                                          kafka_config=self.kafka_config, group_id=self.group_id,
+                                          extra=self.progress.state_dict())
+        self.saved_step = self.progress.step
+
+    def train(self) -> dict[str, Any]:
+        t_start, wait_start = time.perf_counter(), self.source.wait_seconds
+        while self.args.max_steps is None or self.progress.step < self.args.max_steps:
+            stats = self.train_step()
+            if stats is None:
+                break
+            self.after_step(stats)
+            if self.checkpoint_due():
+                self.checkpoint()
+        if self.saved_step != self.progress.step or not self.data_state:
+            self.checkpoint()
+        return self.finish(time.perf_counter() - t_start, self.source.wait_seconds - wait_start)
+
+    def finish(self, elapsed: float, waited: float) -> dict[str, Any]:
+        """The summary (and, on rank 0, the HF export and loss curve); close everything."""
+        import torch
+        import torch.distributed as dist
+
+        from training.metrics import plot_loss, read_metrics
+
+        waits = torch.tensor([waited], dtype=torch.float64)
+        dist.all_reduce(waits)
+        p, f = self.progress, self.files
+        summary = {"steps": p.step, "sequences_this_session": p.session_sequences,
+                   "tokens_this_session": p.session_tokens, "sequences_consumed": p.sequences,
+                   "tokens_consumed": p.tokens,
+                   "sequences_published": self.manifest.sequences, "first_loss": p.first_loss,
+                   "last_loss": p.last_loss, "data_wait_fraction": float(waits[0]) / self.world / max(elapsed, 1e-9),
+                   "checkpoint": str(f.checkpoints), "next_offsets": self.data_state["next_offsets"],
+                   "world_size": self.world, "group_id": self.group_id, "topic": self.manifest.topic,
+                   "recipe": self.recipe.name}
+        if self.rank == 0:
+            summary["export"] = str(export(self.engine.module, self.manifest, f))
+            rows = read_metrics(f.metrics)
+            if rows:
+                summary["loss_curve"] = str(plot_loss(rows, f.loss_curve))
+            f.summary.write_text(json.dumps(summary, indent=2))
+        self.metrics.close()
+        self.source.close()
+        if self.keys_log:
+            self.keys_log.close()
+        dist.barrier()
+        return summary
+
+
+def export(model: Any, manifest: Manifest, files: TrainerFiles) -> Path:
+    """An HF folder loadable offline by ``AutoModelForCausalLM.from_pretrained`` (+ the tokenizer file)."""
+    model.save_pretrained(str(files.export), safe_serialization=True)
+    shutil.copy(manifest.tokenizer_path, files.export / "tokenizer.json")
+    return files.export
