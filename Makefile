@@ -8,13 +8,15 @@ STATE     := $(CURDIR)/.stoker
 VENV      := $(STATE)/venv
 BIN       := $(VENV)/bin
 CACHE     ?= $(HOME)/.cache/stoker
-KAFKA_VER := 4.1.1
+# Versions have one owner each, in the code that runs them; the Makefile reads them from there.
+pyconst = $(shell sed -n 's/^$(1) = "\(.*\)".*/\1/p' $(2))
+KAFKA_VER := $(call pyconst,KAFKA_VERSION,stoker/local/broker/__init__.py)
 KAFKA_DIR := $(CACHE)/kafka-$(KAFKA_VER)
 # Hadoop: the version pyspark ships; S3A's jars and the test HDFS follow it (stoker/connectors)
-HADOOP_VER := 3.5.0
+HADOOP_VER := $(call pyconst,HADOOP_VERSION,stoker/connectors/__init__.py)
 S3A_DIR   := $(CACHE)/s3a-$(HADOOP_VER)
 HDFS_DIR  := $(CACHE)/hdfs-$(HADOOP_VER)
-SEAWEEDFS_VER := v0.0.0-20261109003541-7506e5f91cd6
+SEAWEEDFS_VER := $(call pyconst,SEAWEEDFS_VERSION,stoker/local/servers/__init__.py)
 SEAWEEDFS_BIN := $(CACHE)/seaweedfs-$(SEAWEEDFS_VER:v0.0.0-%=%)/weed
 UV_VER    := 0.13.9
 PYTEST_ARGS ?=
@@ -26,7 +28,7 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit lint bench up down clean
+.PHONY: versions help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit lint bench up down clean
 
 help:
 	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
@@ -38,6 +40,9 @@ help:
 	@echo "make clean  stop the embedded broker and remove .stoker/ (run state)"
 
 setup: check-tools venv kafka-jars s3a-jars sample
+
+versions:  # what the Makefile builds, as read from the code (tests/unit/test_sources.py checks they agree)
+	@echo "KAFKA_VER=$(KAFKA_VER) HADOOP_VER=$(HADOOP_VER) SEAWEEDFS_VER=$(SEAWEEDFS_VER)"
 
 check-tools:
 	@command -v java >/dev/null || { echo "setup: java not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jdk-headless)"; exit 1; }

@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stoker import records
-from stoker.exceptions import StokerError
 from stoker.layout import tasks_topic
 
 TX_INIT_TIMEOUT_S = 120.0
@@ -72,34 +71,11 @@ def _producer(config: Mapping[str, Any], transactional_id: str, compression: str
 
 def find_done(config: Mapping[str, Any], topic: str, spark_partition: int) -> TaskSummary | None:
     """The committed done record of ``spark_partition``, if an earlier attempt wrote one."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from stoker.kafka import read_all
 
-    conf = dict(config)
-    conf.update({"group.id": f"stoker-tasks-probe-{spark_partition}", "isolation.level": "read_committed",
-                 "enable.auto.commit": False, "enable.partition.eof": True})
-    consumer = Consumer(conf)
     want = records.make_key(spark_partition, 0)[:6]  # b"p00003"
-    found = None
-    try:
-        tt = tasks_topic(topic)
-        _low, high = consumer.get_watermark_offsets(TopicPartition(tt, 0), timeout=30)
-        if high == 0:
-            return None
-        consumer.assign([TopicPartition(tt, 0, OFFSET_BEGINNING)])
-        while True:
-            msg = consumer.poll(10.0)
-            if msg is None:
-                raise StokerError(f"reading {tt} timed out before its end offset {high}")
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                raise StokerError(f"reading {tt}: {err}")
-            if msg.key() == want:
-                found = TaskSummary.from_json(msg.value() or b"")
-    finally:
-        consumer.close()
-    return found
+    found = [m for m in read_all(config, tasks_topic(topic)) if m.key() == want]
+    return TaskSummary.from_json(found[-1].value() or b"") if found else None
 
 
 def publish_partition(

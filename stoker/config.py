@@ -57,6 +57,10 @@ class SourceConfig:
     """How often await_source checks the source."""
     timeout_s: int = 6 * 3600
     """How long await_source waits for the drop before failing."""
+    split_bytes: int = 64 << 20
+    """Plain JSONL/text files are read in byte ranges of this size, one Spark task each (a 2 GB file
+    is 32 tasks at the default); compressed files are one task each. Memory per task does not grow
+    with it: records stream in bounded batches."""
 
     def __post_init__(self) -> None:
         w = "source"
@@ -74,6 +78,9 @@ class SourceConfig:
             raise _fail(f"{w}.webhdfs_url", self.webhdfs_url, "must be an http:// or https:// address")
         if self.format not in _FORMATS:
             raise _fail(f"{w}.format", self.format, f"must be one of {_FORMATS}")
+        if not 1 << 10 <= self.split_bytes <= 1 << 40:
+            raise _fail(f"{w}.split_bytes", self.split_bytes, "must be in [1 KiB, 1 TiB]; 64 MiB (67108864) is a "
+                        "good size")
         if self.poke_interval_s < 1 or self.timeout_s < self.poke_interval_s:
             raise _fail(f"{w}.timeout_s", self.timeout_s, "must be >= poke_interval_s >= 1")
 

@@ -48,6 +48,11 @@ class HdfsStore:
         q = urllib.parse.urlencode({"op": op, "user.name": self.user, **params})
         return f"{webhdfs_url_for(base, self.webhdfs_url)}/webhdfs/v1{urllib.parse.quote(path, safe='/')}?{q}"
 
+    def open_url(self, uri: str, offset: int = 0) -> str:
+        """The WebHDFS address that streams ``uri`` from byte ``offset`` (it redirects to a DataNode)."""
+        base, path = self._split(uri)
+        return self._url(base, path, "OPEN", offset=str(offset))
+
     def _request(self, uri: str, url: str, method: str = "GET", data: bytes | None = None) -> Any:
         base = webhdfs_url_for(uri, self.webhdfs_url)
         req = urllib.request.Request(url, method=method, data=data)
@@ -93,7 +98,8 @@ class HdfsStore:
                 if st["type"] == "DIRECTORY":
                     todo.append(child)
                 else:
-                    out.append(FileInfo(base + child, int(st["length"])))
+                    out.append(FileInfo(base + child, int(st["length"]),
+                                        mtime=st["modificationTime"] / 1000 if "modificationTime" in st else None))
         return sorted(out, key=lambda f: f.uri)
 
     def exists(self, uri: str) -> bool:

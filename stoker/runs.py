@@ -30,6 +30,15 @@ def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None
     atomic_write_json(path, data)
 
 
+def stage_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Each stage's first start, last end and seconds, in the order they started."""
+    data = _read_json(RunLayout(Path(run_dir)).timings)
+    rows = [{"stage": k, "start": v.get("start"), "end": v.get("end"),
+             "seconds": round(v["end"] - v["start"], 1) if "start" in v and "end" in v else None}
+            for k, v in data.items() if isinstance(v, dict)]
+    return sorted(rows, key=lambda r: r["start"] or 0)
+
+
 def stage_seconds(run_dir: Path) -> dict[str, float]:
     data = _read_json(RunLayout(Path(run_dir)).timings)
     return {k: round(v["end"] - v["start"], 1) for k, v in data.items() if "start" in v and "end" in v}
@@ -77,6 +86,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "source_files": len(m.source_files), "source_bytes": sum(f.get("bytes", 0) for f in m.source_files),
         "quarantine": m.quarantine_path, "spark_app_id": m.spark_app_id,
         "stage_seconds": stage_seconds(run_dir),
+        "stages": stage_rows(run_dir),
         "training": _training(run_dir, m.topic),
     }
 
@@ -122,4 +132,14 @@ def render(s: dict[str, Any]) -> str:
             f"    export         {t['export']}",
             f"    loss curve     {t['loss_curve']}",
         ]
+    return "\n".join(lines)
+
+
+def render_stages(s: dict[str, Any]) -> str:
+    """The run's stages as a table: when each started (UTC), how long it took."""
+    lines = [f"run {s['run_id']}  ({s['run_dir']})", f"  {'stage':<18}{'started (UTC)':<22}{'seconds':>9}"]
+    for r in s.get("stages") or []:
+        start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["start"])) if r["start"] else "-"
+        secs = f"{r['seconds']:.1f}" if r["seconds"] is not None else "running"
+        lines.append(f"  {r['stage']:<18}{start:<22}{secs:>9}")
     return "\n".join(lines)

@@ -50,6 +50,8 @@ class FileInfo:
     uri: str
     size: int
     etag: str | None = None
+    mtime: float | None = None
+    """Last modification, epoch seconds (what the store reports)."""
 
 
 # ----------------------------------------------------------------------------------------------- S3
@@ -218,7 +220,8 @@ class S3Store:
             if token:
                 kw["ContinuationToken"] = token
             page = self._call(uri, self.client.list_objects_v2, **kw)
-            out += [FileInfo(f"s3://{bucket}/{o['Key']}", int(o["Size"]), str(o.get("ETag", "")).strip('"') or None)
+            out += [FileInfo(f"s3://{bucket}/{o['Key']}", int(o["Size"]), str(o.get("ETag", "")).strip('"') or None,
+                             o["LastModified"].timestamp() if o.get("LastModified") else None)
                     for o in page.get("Contents", [])]
             if not page.get("IsTruncated"):
                 return sorted(out, key=lambda f: f.uri)
@@ -254,10 +257,12 @@ class LocalStore:
     def list_files(self, uri: str) -> list[FileInfo]:
         root = self._path(uri)
         if root.is_file():
-            return [FileInfo(str(root), root.stat().st_size)]
+            st = root.stat()
+            return [FileInfo(str(root), st.st_size, mtime=st.st_mtime)]
         if not root.is_dir():
             return []
-        return sorted((FileInfo(str(p), p.stat().st_size) for p in root.rglob("*") if p.is_file()),
+        return sorted((FileInfo(str(p), st.st_size, mtime=st.st_mtime)
+                       for p in root.rglob("*") if p.is_file() and (st := p.stat())),
                       key=lambda f: f.uri)
 
     def exists(self, uri: str) -> bool:

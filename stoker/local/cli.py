@@ -125,24 +125,41 @@ def _sample(args: argparse.Namespace) -> int:
 def _runs(args: argparse.Namespace) -> int:
     run_dir = runs.find_run(None if args.latest else args.run)
     s = runs.summary(run_dir)
-    print(json.dumps(s, indent=2) if args.json else runs.render(s))
+    print(json.dumps(s, indent=2) if args.json else runs.render_stages(s) if args.stages else runs.render(s))
     return 0
 
 
 def _refresh(args: argparse.Namespace) -> int:
+    import time
+
     from stoker.local.airflow_env import airflow_env
+    from stoker.local.progress import RunWatcher, follow, log_tail
 
     ds = args.ds or datetime.now(UTC).date().isoformat()
+    run = RunLayout.of(args.corpus, ds)
+    log = run.logs / f"refresh-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
+    since = time.time()
     kbroker.up()
     env = {**os.environ, **airflow_env()}
     airflow = [sys.executable, "-m", "airflow"]
-    subprocess.run([*airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
-    res = subprocess.run([*airflow, "dags", "test", f"refresh_{args.corpus}", ds], env=env)
-    if res.returncode != 0:
-        print(f"refresh_{args.corpus} {ds} failed (exit {res.returncode}); logs above", file=sys.stderr)
-        return res.returncode
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        subprocess.run([*airflow, "db", "migrate"], env=env, check=True, stdout=out, stderr=subprocess.STDOUT)
+    cmd = [*airflow, "dags", "test", f"refresh_{args.corpus}", ds]
+    if args.verbose:
+        rc = subprocess.run(cmd, env=env).returncode
+    else:
+        print(f"refresh_{args.corpus} {ds}: Airflow, Spark and trainer logs in {log.parent}/ (--verbose shows them)")
+        rc = follow(cmd, env, log, RunWatcher(run, since))
+    if rc != 0:
+        if not args.verbose:
+            print(log_tail(log), file=sys.stderr)
+        print(f"refresh_{args.corpus} {ds} failed (exit {rc}); full log: {log}", file=sys.stderr)
+        return rc
     print()
-    print(runs.render(runs.summary(RunLayout.of(args.corpus, ds).run_dir)))
+    print(runs.render(runs.summary(run.run_dir)))
+    if not args.verbose:
+        print(f"  logs             {log}")
     return 0
 
 
@@ -175,13 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("refresh", help="run one refresh of a corpus through Airflow")
     r.add_argument("corpus")
     r.add_argument("--ds", help="logical date YYYY-MM-DD (default: today, UTC)")
+    r.add_argument("--verbose", "-v", action="store_true", help="stream Airflow's, Spark's and the trainer's logs")
     r.set_defaults(fn=_refresh)
     runs_p = sub.add_parser("runs", help="run summaries")
     runs_sub = runs_p.add_subparsers(dest="runs_cmd", required=True)
     show = runs_sub.add_parser("show", help="print a run's summary")
     show.add_argument("run", nargs="?", help="<corpus>/<YYYY-MM-DD> or a run folder (default: latest)")
     show.add_argument("--latest", action="store_true")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="the summary as JSON")
+    show.add_argument("--stages", action="store_true", help="a table of the run's stages")
     show.set_defaults(fn=_runs)
     return ap
 

@@ -33,7 +33,8 @@ def test_every_dag_imports_without_errors():
     tasks = dag.task_dict
     assert [a.name for a in tasks["publish.tokenize_publish"].inlets] == ["stoker.sample.source"]
     assert [a.name for a in tasks["publish.tokenize_publish"].outlets] == ["stoker.sample.sequences"]
-    assert tasks["publish.tokenize_publish"].outlets[0].uri.startswith("kafka://127.0.0.1:")
+    # the topic asset names the Kafka connection, not an address read at parse time
+    assert tasks["publish.tokenize_publish"].outlets[0].uri == "kafka://kafka_default/stoker.sample"
     assert [a.name for a in tasks["training.train"].inlets] == ["stoker.sample.sequences"]
     assert [a.name for a in tasks["training.await_consumed"].outlets] == ["stoker.sample.model"]
     assert {link.name for link in tasks["report"].operator_extra_links} == {"Run summary", "Loss curve"}

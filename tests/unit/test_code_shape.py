@@ -4,6 +4,7 @@ circle, and one owner (stoker/layout.py) for the names a run's surfaces share.""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,9 @@ def _is_docstring(node: ast.Constant, path: Path) -> bool:
                         lines.add(stmt.value.lineno)
         _DOCSTRINGS[path] = lines
     return node.lineno in _DOCSTRINGS[path]
+
+
+def test_every_test_file_carries_the_marker_of_its_folder():
+    unmarked = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests").glob("*/test_*.py"))
+                if not re.search(rf"^pytestmark = \[?pytest\.mark\.{p.parent.name}\b", p.read_text(), re.M)]
+    assert not unmarked, f"test files without their folder's marker (pytest -m would miss them): {unmarked}"

@@ -7,6 +7,8 @@ from stoker import paths
 from stoker.config import load_all, load_corpus, parse_corpus
 from stoker.exceptions import ConfigError
 
+pytestmark = pytest.mark.unit
+
 SAMPLE = paths.REPO_ROOT / "corpora" / "sample.yaml"
 
 

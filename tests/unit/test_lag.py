@@ -3,6 +3,8 @@ import pytest
 from stoker.exceptions import StokerError
 from stoker.kafka import compute_lag
 
+pytestmark = pytest.mark.unit
+
 
 def test_lag_per_partition_in_messages_and_tokens():
     r = compute_lag(end={0: 100, 1: 50}, committed={0: 40, 1: None}, start={0: 0, 1: 10}, tokens_per_message=256)

@@ -5,6 +5,8 @@ import pytest
 from stoker.exceptions import ManifestError
 from stoker.manifest import Manifest, PartitionRange, atomic_write_json, read_manifest, write_manifest
 
+pytestmark = pytest.mark.unit
+
 
 def _manifest(**over) -> Manifest:
     base = dict(

@@ -12,6 +12,8 @@ from training.data.batch import make_batch, position_ids  # noqa: E402
 from training.model import ExpertLoad, build_model, routers, update_bias  # noqa: E402
 from training.recipes import ModelShape, TrainRecipe, debug_cpu  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 
 def _tiny() -> TrainRecipe:
     return TrainRecipe(name="tiny", model=ModelShape(hidden_size=64, num_layers=2, num_heads=2,

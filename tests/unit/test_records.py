@@ -4,6 +4,8 @@ import pytest
 from stoker import records
 from stoker.exceptions import RecordError
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("dtype,top", [("uint16", 65535), ("uint32", 2**32 - 1)])
 def test_round_trip_keeps_ids_boundaries_and_padding(dtype, top):

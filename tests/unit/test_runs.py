@@ -1,4 +1,8 @@
+import pytest
+
 from stoker.runs import record_stage, stage_seconds
+
+pytestmark = pytest.mark.unit
 
 
 def test_stage_time_spans_retries_of_one_run_and_resets_for_another(tmp_path):

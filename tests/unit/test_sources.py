@@ -88,16 +88,19 @@ def test_a_connection_replaces_the_workers_aws_environment_and_parses_flags_as_t
 
 def test_connector_and_server_versions_agree_everywhere():
     """S3A must match the Hadoop client pyspark ships, and the Makefile must build what the code runs."""
-    import re
+    import subprocess
 
     from stoker import paths
     from stoker.connectors import HADOOP_VERSION, spark_hadoop_version
     from stoker.local.servers import SEAWEEDFS_VERSION
 
     assert spark_hadoop_version() == HADOOP_VERSION
-    make = (paths.REPO_ROOT / "Makefile").read_text()
-    assert re.search(r"^HADOOP_VER\s*:=\s*(\S+)", make, re.M).group(1) == HADOOP_VERSION
-    assert re.search(r"^SEAWEEDFS_VER\s*:=\s*(\S+)", make, re.M).group(1) == SEAWEEDFS_VERSION
+    from stoker.local.broker import KAFKA_VERSION
+
+    out = subprocess.run(["make", "-s", "-C", str(paths.REPO_ROOT), "versions"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert dict(kv.split("=", 1) for kv in out) == {"KAFKA_VER": KAFKA_VERSION, "HADOOP_VER": HADOOP_VERSION,
+                                                    "SEAWEEDFS_VER": SEAWEEDFS_VERSION}
     for pom in ("stoker/connectors/pom.xml", "stoker/local/servers/hdfs/pom.xml"):
         text = (paths.REPO_ROOT / pom).read_text()
         assert f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in text, pom

@@ -3,6 +3,8 @@ import pytest
 
 from spark_jobs import steps
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     "raw,reason",

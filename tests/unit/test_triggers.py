@@ -6,6 +6,8 @@ import pytest
 
 from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger
 
+pytestmark = pytest.mark.unit
+
 
 def _rebuild(trigger):
     classpath, kwargs = trigger.serialize()

@@ -33,7 +33,7 @@ from stoker.process import ProcessRecord
 from stoker.sources import S3Settings, S3Store
 
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
-"""The github.com/seaweedfs/seaweedfs module version; the Makefile's SEAWEEDFS_VER must match."""
+"""The github.com/seaweedfs/seaweedfs module version (the Makefile reads it from here)."""
 
 
 def weed_binary() -> Path:
