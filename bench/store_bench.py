@@ -4,8 +4,8 @@
 
 Makes a drop of ``--copies`` copies of the sample corpus's files (~2.3 MB each copy), puts it in a
 local folder, a SeaweedFS bucket and a mini-cluster HDFS (both started here, on 127.0.0.1), and times
-what tokenize_publish does before tokenising: the preflight listing plus Spark's read of every file
-with its sha256 (lineage), then the parse into counted records (``read_parsed(...).count()``).
+what tokenize_publish does before tokenising: the preflight listing, the lineage scan (every file
+streamed once for its size and sha256), then the streaming parse into counted records.
 Prints MB/s per store and each store's ratio to the local folder. Needs `make test-servers`.
 """
 
@@ -33,16 +33,13 @@ def drop(copies: int) -> dict[str, bytes]:
 
 
 def time_read(spark, cfg, uri: str, repeat: int) -> float:
-    from pyspark.sql import functions as F
-
-    from spark_jobs.tokenize_publish import _spark_path, preflight_source, read_parsed
+    from spark_jobs.read import opener_for, preflight_source, read_parsed, scan
 
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        preflight_source(spark, cfg, uri)
-        spark.read.format("binaryFile").load(_spark_path(uri)).select(F.sha2("content", 256)).collect()
-        read_parsed(spark, cfg, uri).count()
+        files = scan(spark, preflight_source(spark, cfg, uri), opener_for(cfg), cfg.source.format)
+        read_parsed(spark, cfg, files).count()
         best = min(best, time.perf_counter() - t0)
     return best
 

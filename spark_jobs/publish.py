@@ -38,6 +38,8 @@ class TaskSummary:
     padding: int = 0
     per_partition: dict[str, int] = field(default_factory=dict)
     """Kafka partition (as a string, JSON keys) → sequences."""
+    source_tokens: dict[str, int] = field(default_factory=dict)
+    """Source file → tokens of its documents packed by this task (EOS included)."""
     reused: bool = False
     """True when an earlier attempt had already committed this partition."""
 

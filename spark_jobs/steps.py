@@ -25,7 +25,7 @@ EMPTY_TEXT = "empty_text"
 TOO_SHORT = "too_short"
 TOO_LONG = "too_long"
 DUPLICATE = "duplicate"
-CORRUPT_FILE = "corrupt_file"  # a compressed file that does not decompress: one record, the whole file
+CORRUPT_FILE = "corrupt_file"  # a file that does not decompress (or is no Parquet): one record, the whole file
 
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 QUARANTINE_HEAD = 4096  # bytes of a corrupt file kept in the quarantine
@@ -33,10 +33,12 @@ QUARANTINE_HEAD = 4096  # bytes of a corrupt file kept in the quarantine
 
 @dataclass(slots=True)
 class Parsed:
-    """One input line after validation: ``text`` when kept, ``reason`` (+ ``detail``) when not."""
+    """One input record after validation: ``text`` when kept, ``reason`` (+ ``detail``) when not."""
 
     source: str
-    line: int
+    pos: int
+    """Where the record is in ``source``: the byte offset of its first byte (in the decompressed
+    stream of a .gz/.zst file), or the row index of a Parquet file."""
     text: str | None = None
     reason: str | None = None
     detail: str | None = None
@@ -44,77 +46,20 @@ class Parsed:
     digest: bytes | None = None
 
 
-def decompress(path: str, content: bytes) -> tuple[bytes | None, str | None]:
-    """A file's bytes, gunzipped or un-zstd'ed by its suffix (``.gz``, ``.zst``/``.zstd``);
-    ``(None, why)`` when it does not decompress."""
-    try:
-        if path.endswith(".gz"):
-            import gzip
-
-            return gzip.decompress(content), None
-        if path.endswith((".zst", ".zstd")):
-            import io
-
-            import zstandard
-
-            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(content)) as r:
-                return r.read(), None
-    except Exception as e:  # noqa: BLE001 - any codec error makes the file unreadable, never the job
-        kind = "gzip" if path.endswith(".gz") else "zstd"
-        return None, f"{kind}: {type(e).__name__}: {e}"
-    return content, None
+def parquet_record(source: str, pos: int, value: Any, text_field: str, absent: str = "") -> Parsed:
+    """One Parquet row's text column (``absent`` names the columns when the file has no such one);
+    the quarantine keeps ``{text_field: value}`` as JSON, the row's exact value."""
+    raw = json.dumps({text_field: value}, ensure_ascii=False, default=str).encode()
+    if not isinstance(value, str):
+        what = absent or ("null" if value is None else type(value).__name__)
+        return Parsed(source=source, pos=pos, reason=MISSING_TEXT, raw=raw, detail=f"column {text_field!r} is {what}")
+    return Parsed(source=source, pos=pos, text=value, raw=raw)
 
 
-def corrupt_file(path: str, content: bytes, detail: str) -> Parsed:
-    """The one record a file that cannot be read counts as (its first bytes go to the quarantine)."""
-    return Parsed(source=path, line=0, reason=CORRUPT_FILE, detail=f"{detail} ({len(content)} bytes)",
-                  raw=content[:QUARANTINE_HEAD])
-
-
-def records_of(path: str, data: bytes, fmt: str, text_field: str) -> Iterator[Parsed]:
-    """Every record of one (decompressed) file, each parsed or dropped with its reason: the lines
-    of ``jsonl``/``text``, the rows of ``parquet`` (numbered from 1, like lines)."""
-    if fmt != "parquet":
-        for line_no, raw in split_lines(data):
-            yield parse_line(path, line_no, raw, fmt, text_field)
-        return
-    import io
-
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(io.BytesIO(data))
-    except Exception as e:  # noqa: BLE001 - not a readable Parquet file: one record, like a bad archive
-        yield corrupt_file(path, data, f"parquet: {type(e).__name__}: {e}")
-        return
-    if text_field not in table.column_names:
-        column: list[Any] = [None] * table.num_rows
-        found = f"absent (columns: {', '.join(table.column_names)})"
-    else:
-        column, found = table.column(text_field).to_pylist(), ""
-    for i, value in enumerate(column, start=1):
-        raw = json.dumps({text_field: value}, ensure_ascii=False, default=str).encode()
-        if not isinstance(value, str):
-            what = found or ("null" if value is None else type(value).__name__)
-            yield Parsed(source=path, line=i, reason=MISSING_TEXT, raw=raw, detail=f"column {text_field!r} is {what}")
-        else:
-            yield Parsed(source=path, line=i, text=value, raw=raw)
-
-
-def split_lines(content: bytes) -> Iterator[tuple[int, bytes]]:
-    """1-based line numbers; a final newline does not make an extra empty line (a blank line
-    inside the file is a record, and is dropped with its reason like any other bad one)."""
-    lines = content.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for i, raw in enumerate(lines, start=1):
-        yield i, raw[:-1] if raw.endswith(b"\r") else raw
-
-
-def parse_line(source: str, line: int, raw: bytes, fmt: str, text_field: str) -> Parsed:
+def parse_line(source: str, pos: int, raw: bytes, fmt: str, text_field: str) -> Parsed:
     """Decode and extract the text of one line; never raises on bad input."""
     def drop(reason: str, detail: str) -> Parsed:
-        return Parsed(source=source, line=line, reason=reason, detail=detail, raw=raw)
+        return Parsed(source=source, pos=pos, reason=reason, detail=detail, raw=raw)
 
     try:
         decoded = raw.decode("utf-8")
@@ -138,7 +83,7 @@ def parse_line(source: str, line: int, raw: bytes, fmt: str, text_field: str) ->
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # lone surrogates from JSON escapes such as "\ud800"
         return drop(INVALID_UNICODE, f"char {e.start}: {e.reason}")
-    return Parsed(source=source, line=line, text=text, raw=raw)
+    return Parsed(source=source, pos=pos, text=text, raw=raw)
 
 
 def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int) -> Parsed:
@@ -148,14 +93,14 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int) -> Pars
     text = p.text if normalization == "none" else unicodedata.normalize(normalization, p.text)  # type: ignore[arg-type]
     text = text.strip()
     if not text:
-        return Parsed(source=p.source, line=p.line, reason=EMPTY_TEXT, detail="blank after strip", raw=_raw(p))
+        return Parsed(source=p.source, pos=p.pos, reason=EMPTY_TEXT, detail="blank after strip", raw=_raw(p))
     if len(text) < min_chars:
-        return Parsed(source=p.source, line=p.line, reason=TOO_SHORT,
+        return Parsed(source=p.source, pos=p.pos, reason=TOO_SHORT,
                       detail=f"{len(text)} chars < clean.min_chars {min_chars}", raw=_raw(p))
     if len(text) > max_chars:
-        return Parsed(source=p.source, line=p.line, reason=TOO_LONG,
+        return Parsed(source=p.source, pos=p.pos, reason=TOO_LONG,
                       detail=f"{len(text)} chars > clean.max_chars {max_chars}", raw=_raw(p))
-    return Parsed(source=p.source, line=p.line, text=text, raw=p.raw,
+    return Parsed(source=p.source, pos=p.pos, text=text, raw=p.raw,
                   digest=hashlib.sha256(text.encode()).digest())
 
 

@@ -5,6 +5,11 @@ Submitted with ``spark-submit spark_jobs/tokenize_publish.py --corpus corpora/<n
 comes from ``$STOKER_KAFKA_CONFIG`` (JSON), never from the command line, so secrets stay out of
 process listings.
 
+Stages (``run_job``): ``prepare`` (preflight and the lineage scan) → ``stage`` (streaming,
+splittable read and parse, spark_jobs/read.py; exact dedup that shuffles hashes) → ``quarantine``
+→ ``pack_publish`` → ``build_manifest``. Memory per task is bounded by a batch whatever the file
+sizes; the driver logs the job's progress (spark_jobs/progress.py).
+
 Delivery is exactly-once for read_committed consumers: one Kafka transaction per Spark partition,
 fenced on retry (spark_jobs/publish.py). The manifest is written last and atomically: it is the
 commit point of the run.
@@ -32,116 +37,8 @@ from stoker.manifest import Manifest, PartitionRange, sha256_file, write_manifes
 
 log = logging.getLogger("stoker.tokenize_publish")
 
-PARSED_SCHEMA = "source string, line long, text string, reason string, detail string, raw binary, digest binary"
-
-
-def parse_batches(fmt: str, text_field: str, normalization: str, min_chars: int, max_chars: int):
-    """mapInArrow function: binaryFile rows (one per file) → one row per input line."""
-    def run(batches):
-        import pyarrow as pa
-
-        from spark_jobs.steps import clean, corrupt_file, decompress, records_of
-
-        cols = ["source", "line", "text", "reason", "detail", "raw", "digest"]
-        for batch in batches:
-            for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist(),
-                                     strict=True):
-                rows: dict[str, list] = {c: [] for c in cols}
-                data, why = decompress(path, content)
-                parsed = ([corrupt_file(path, content, why or "")] if data is None else
-                          (clean(p, normalization, min_chars, max_chars)
-                           for p in records_of(path, data, fmt, text_field)))
-                for p in parsed:
-                    for c in cols:
-                        rows[c].append(getattr(p, c))
-                    if p.reason is None:
-                        rows["raw"][-1] = None  # only the quarantine needs the raw bytes
-                yield pa.RecordBatch.from_pydict(rows, schema=_parsed_arrow_schema())
-    return run
-
-
-def _parsed_arrow_schema():
-    import pyarrow as pa
-
-    return pa.schema([("source", pa.string()), ("line", pa.int64()), ("text", pa.string()),
-                      ("reason", pa.string()), ("detail", pa.string()), ("raw", pa.binary()),
-                      ("digest", pa.binary())])
-
-
-def read_parsed(spark, cfg: CorpusConfig, uri: str):
-    """One row per input line, each either kept (text) or dropped (reason)."""
-    c = cfg.clean
-    binary = spark.read.format("binaryFile").load(_spark_path(uri))
-    fn = parse_batches(cfg.source.format, cfg.source.text_field, c.normalization, c.min_chars, c.max_chars)
-    return binary.select("path", "content").mapInArrow(fn, PARSED_SCHEMA)
-
-
-def mark_duplicates(parsed):
-    """Exact dedup: of rows with the same digest the first by (source, line) is kept."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    from spark_jobs.steps import DUPLICATE
-
-    w = Window.partitionBy("digest").orderBy("source", "line")
-    rank = F.when(F.col("reason").isNull(), F.row_number().over(w))
-    return (parsed.withColumn("_rank", rank)
-            .withColumn("reason", F.when(F.col("_rank") > 1, F.lit(DUPLICATE)).otherwise(F.col("reason")))
-            .withColumn("detail", F.when(F.col("_rank") > 1, F.lit("same text as an earlier record"))
-                        .otherwise(F.col("detail")))
-            .drop("_rank"))
-
-
-def source_hadoop_conf(uri: str) -> dict[str, str]:
-    """Hadoop settings for reading ``uri``: S3A's endpoint and credentials (from the environment
-    the operator filled from its Airflow connection), short bounded retries for HDFS RPC."""
-    from stoker.sources import S3Settings, scheme_of
-
-    scheme = scheme_of(uri)
-    if scheme in ("s3", "s3a"):
-        return S3Settings.from_env().hadoop_conf()
-    if scheme == "hdfs":  # an unreachable NameNode fails in seconds, not after 45 s of retries
-        return {"ipc.client.connect.max.retries": "2", "ipc.client.connect.timeout": "5000",
-                "ipc.client.connect.max.retries.on.timeouts": "2", "dfs.client.retry.policy.enabled": "false"}
-    return {}
-
-
-def preflight_source(spark, cfg: CorpusConfig, uri: str) -> dict[str, str]:
-    """Configure Spark's Hadoop client for the source and prove the store answers before Spark
-    reads: an unreachable store, a refused credential, a missing bucket or an empty drop raises a
-    named error in seconds. Returns the ETags the store reported (S3), keyed without scheme."""
-    from stoker.sources import S3Settings, is_data_path, open_store
-
-    hconf = spark.sparkContext._jsc.hadoopConfiguration()
-    wanted = source_hadoop_conf(uri)
-    if any(hconf.get(k) not in (None, v) for k, v in wanted.items()):
-        # Hadoop caches one FileSystem per scheme and bucket, built with the settings it first saw:
-        # in a long-lived session (notebook, tests) a changed endpoint or key must not reuse it
-        spark.sparkContext._jvm.org.apache.hadoop.fs.FileSystem.closeAll()
-    for k, v in wanted.items():
-        hconf.set(k, v)
-    store = open_store(uri, s3=S3Settings.from_env(), webhdfs_url=cfg.source.webhdfs_url)
-    listed = [f for f in store.list_files(uri) if is_data_path(uri, f.uri)]
-    if not listed:
-        raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored): "
-                          "is this the right night's folder?")
-    return {_without_scheme(f.uri): f.etag for f in listed if f.etag}
-
-
-def _without_scheme(uri: str) -> str:
-    return uri.split("://", 1)[-1]
-
-
-def _spark_path(uri: str) -> str:
-    if "://" not in uri:
-        return str(paths.resolve_local(uri))
-    if uri.startswith("s3://"):
-        return "s3a://" + uri[len("s3://"):]
-    return uri
-
-
 def pack_publish_batches(*, cfg: CorpusConfig, tokenizer_path: str, topic: str, run_id: str, dtype: str,
-                         kafka_config: dict[str, Any], fail: tuple[int, int] | None):
+                         kafka_config: dict[str, Any], fail: tuple[int, int] | None, tokens_acc: Any = None):
     """mapInArrow function: the kept documents of one Spark partition → one summary row."""
     seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
     nparts, compression = cfg.topic.partitions, cfg.topic.compression
@@ -164,13 +61,17 @@ def pack_publish_batches(*, cfg: CorpusConfig, tokenizer_path: str, topic: str, 
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
 
         def sequences():
+            by_source = summary.source_tokens
             for batch in batches:
-                texts = batch.column("text").to_pylist()
+                texts, sources = batch.column("text").to_pylist(), batch.column("source").to_pylist()
                 summary.docs += len(texts)
-                for ids in encode_batch(tok, texts):
+                for ids, src in zip(encode_batch(tok, texts), sources, strict=True):
+                    by_source[src] = by_source.get(src, 0) + len(ids) + 1  # + its EOS
                     yield from packer.add(ids)
             yield from packer.flush()
             summary.tokens, summary.padding = packer.tokens, packer.padding
+            if tokens_acc is not None:
+                tokens_acc.add(packer.tokens)
 
         fail_after = fail[1] if fail and fail[0] == sp and attempt == 0 else None
         for s in publish_partition(sequences(), config=kafka_config, topic=topic, kafka_partitions=nparts,
@@ -202,10 +103,20 @@ class RunInputs:
 
 @dataclass(slots=True)
 class Staged:
-    """Every input record, kept or dropped with a reason, and the counts by reason."""
+    """Every input record, kept or dropped with a reason, and the counts by source file and reason."""
 
     frame: Any
-    counts: dict[str | None, int]
+    by_source: dict[str, dict[str | None, int]]
+    """source → reason (None = kept) → records."""
+    parsed: Any = None
+
+    @property
+    def counts(self) -> dict[str | None, int]:
+        out: dict[str | None, int] = {}
+        for reasons in self.by_source.values():
+            for k, v in reasons.items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     @property
     def docs_in(self) -> int:
@@ -215,9 +126,17 @@ class Staged:
     def dropped(self) -> dict[str, int]:
         return dict(sorted((k, v) for k, v in self.counts.items() if k is not None))
 
+    def unpersist(self) -> None:
+        self.frame.unpersist()
+        if self.parsed is not None:
+            self.parsed.unpersist()
+
 
 def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dict[str, Any]) -> RunInputs:
-    """Fail in seconds, before a topic or manifest exists: tokenizer, Kafka, the store, the drop."""
+    """Fail in seconds, before a topic or manifest exists: tokenizer, Kafka, the store, the drop;
+    then the lineage scan (one streaming pass per file, in parallel)."""
+    from spark_jobs.read import opener_for, preflight_source, scan
+
     if run.manifest.exists():  # a re-run: no stage may trust the old manifest while this one publishes
         log.info("replacing the earlier manifest of %s", run.run_dir)
         run.manifest.unlink()
@@ -230,41 +149,29 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
 
     vocab = load_tokenizer(tok_path).get_vocab_size()
     skafka.check_reachable(kafka_config)
-    etags = preflight_source(spark, cfg, uri)
-    files = lineage(spark, uri)
-    for f in files:
-        f["etag"] = etags.get(_without_scheme(f["path"]))
+    listed = preflight_source(spark, cfg, uri)
+    t0 = time.monotonic()
+    files = scan(spark, listed, opener_for(cfg), cfg.source.format)
+    log.info("lineage scan: %d files, %.1f MB in %.1f s", len(files), sum(f["bytes"] for f in files) / 1e6,
+             time.monotonic() - t0)
     return RunInputs(run_id=f"{cfg.name}/{ds}", uri=uri, tokenizer_path=tok_path, vocab_size=vocab,
                      dtype=records.dtype_for_vocab(vocab), files=files)
 
 
-def lineage(spark, uri: str) -> list[dict[str, Any]]:
-    """Every file read, with its size and content checksum (computed where the bytes are)."""
-    from pyspark.sql import functions as F
-
-    try:
-        files = [r.asDict() for r in spark.read.format("binaryFile").load(_spark_path(uri))
-                 .select("path", "length", "modificationTime", F.sha2("content", 256).alias("sha256"))
-                 .orderBy("path").collect()]
-    except Exception as e:  # noqa: BLE001 - Py4J/Spark errors: name the source, keep the JVM's first line
-        from stoker.exceptions import SourceError
-
-        first = next((line.strip() for line in str(e).splitlines() if "Exception" in line), str(e)[:300])
-        raise SourceError(f"{uri}: Spark cannot read it ({first[:400]}): the store answered the preflight but not "
-                          "Spark's own client; check the hdfs:// RPC port or the S3A settings", transient=True) from e
-    if not files:
-        raise ConfigError(f"source.uri = {uri!r}: no data files found (files starting with _ or . are ignored)")
-    return files
-
-
-def stage(spark, cfg: CorpusConfig, uri: str) -> Staged:
+def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> Staged:
     """Read, validate, normalise and (optionally) dedup: every record kept or dropped with a reason."""
     from pyspark import StorageLevel
 
-    parsed = read_parsed(spark, cfg, uri)
+    from spark_jobs.read import mark_duplicates, read_parsed
+
+    parsed = read_parsed(spark, cfg, inputs.files, progress)
+    if cfg.clean.dedup:
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)  # read once: the dedup pass and the join use it
     frame = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.MEMORY_AND_DISK)
-    counts = {r["reason"]: r["count"] for r in frame.groupBy("reason").count().collect()}
-    return Staged(frame=frame, counts=counts)
+    by_source: dict[str, dict[str | None, int]] = {}
+    for r in frame.groupBy("source", "reason").count().collect():
+        by_source.setdefault(r["source"], {})[r["reason"]] = r["count"]
+    return Staged(frame=frame, by_source=by_source, parsed=parsed if cfg.clean.dedup else None)
 
 
 def quarantine(staged: Staged, run: RunLayout) -> Path:
@@ -272,13 +179,13 @@ def quarantine(staged: Staged, run: RunLayout) -> Path:
     from pyspark.sql import functions as F
 
     (staged.frame.filter(F.col("reason").isNotNull())
-     .select("source", "line", "reason", "detail", F.base64("raw").alias("raw_base64"))
+     .select("source", "pos", "reason", "detail", F.base64("raw").alias("raw_base64"))
      .coalesce(1).write.mode("overwrite").json(str(run.quarantine)))
     return run.quarantine
 
 
 def pack_publish(staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: str, kafka_config: dict[str, Any],
-                 fail: tuple[int, int] | None) -> list[Any]:
+                 fail: tuple[int, int] | None, tokens_acc: Any = None) -> list[Any]:
     """Tokenise, pack and publish the kept documents, one Kafka transaction per Spark partition."""
     from pyspark.sql import functions as F
 
@@ -290,10 +197,10 @@ def pack_publish(staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: st
                           topic_config(cfg))
     skafka.recreate_topic(kafka_config, tasks_topic(topic), 1, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
-    kept = (staged.frame.filter(F.col("reason").isNull()).select("digest", "source", "line", "text")
-            .repartition(cfg.publish.spark_partitions, "digest").sortWithinPartitions("source", "line"))
+    kept = (staged.frame.filter(F.col("reason").isNull()).select("digest", "source", "pos", "text")
+            .repartition(cfg.publish.spark_partitions, "digest").sortWithinPartitions("source", "pos"))
     fn = pack_publish_batches(cfg=cfg, tokenizer_path=inputs.tokenizer_path, topic=topic, run_id=inputs.run_id,
-                              dtype=inputs.dtype, kafka_config=kafka_config, fail=fail)
+                              dtype=inputs.dtype, kafka_config=kafka_config, fail=fail, tokens_acc=tokens_acc)
     return [TaskSummary.from_json(r["summary"]) for r in kept.mapInArrow(fn, "summary string").collect()]
 
 
@@ -314,25 +221,54 @@ def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInp
         docs_in=staged.docs_in, docs_kept=staged.counts.get(None, 0), docs_dropped=staged.dropped,
         tokens=sum(s.tokens for s in summaries), padding_tokens=sum(s.padding for s in summaries),
         sequences=sum(s.sequences for s in summaries), source_uri=inputs.uri,
-        source_files=[{"path": f["path"], "bytes": f["length"], "sha256": f["sha256"],
-                       "mtime": f["modificationTime"].isoformat(), **({"etag": f["etag"]} if f["etag"] else {})}
-                      for f in inputs.files],
+        source_files=source_accounting(inputs.files, staged, summaries),
         spark_app_id=spark.sparkContext.applicationId,
         quarantine_path=str(quarantine_path), created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
         seconds=round(time.monotonic() - t0, 3),
     )
 
 
+def source_accounting(files: list[dict[str, Any]], staged: Staged, summaries: list[Any]) -> list[dict[str, Any]]:
+    """Per source file: lineage (size, sha256, mtime, ETag) and what became of its records (the run's
+    realised mixture). The totals of the manifest are these sums."""
+    tokens: dict[str, int] = {}
+    for s in summaries:
+        for src, n in s.source_tokens.items():
+            tokens[src] = tokens.get(src, 0) + n
+    out = []
+    for f in files:
+        reasons = staged.by_source.get(f["path"], {})
+        row = {"path": f["path"], "bytes": f["bytes"], "sha256": f["sha256"],
+               "docs_in": sum(reasons.values()), "docs_kept": reasons.get(None, 0),
+               "docs_dropped": dict(sorted((k, v) for k, v in reasons.items() if k is not None)),
+               "tokens": tokens.get(f["path"], 0)}
+        if f.get("mtime") is not None:
+            row["mtime"] = datetime.fromtimestamp(f["mtime"], UTC).isoformat()
+        for k in ("etag", "decompressed_bytes", "corrupt"):
+            if f.get(k) is not None:
+                row[k] = f[k]
+        out.append(row)
+    unknown = set(staged.by_source) - {f["path"] for f in files}
+    if unknown:
+        raise RuntimeError(f"records from files outside the lineage: {sorted(unknown)[:3]}")
+    return out
+
+
 def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kafka_config: dict[str, Any],
             fail: tuple[int, int] | None = None) -> Manifest:
     """read → quarantine → dedup → pack+publish → manifest (the commit point, written last)."""
+    from spark_jobs.progress import JobProgress
+
     t0 = time.monotonic()
     run = RunLayout(Path(run_dir))
-    inputs = prepare(spark, cfg, ds, run, kafka_config)
-    staged = stage(spark, cfg, inputs.uri)
-    quarantined = quarantine(staged, run)
-    summaries = pack_publish(staged, cfg, inputs, topic, kafka_config, fail)
-    staged.frame.unpersist()
+    with JobProgress(spark) as progress:
+        inputs = prepare(spark, cfg, ds, run, kafka_config)
+        progress.set_phase("read, validate, dedup")
+        staged = stage(spark, cfg, inputs, progress)
+        quarantined = quarantine(staged, run)
+        progress.set_phase("tokenise, pack, publish")
+        summaries = pack_publish(staged, cfg, inputs, topic, kafka_config, fail, progress.tokens)
+        staged.unpersist()
     manifest = build_manifest(spark, cfg, ds, topic, inputs, staged, summaries, quarantined, kafka_config, t0)
     if sum(s.docs for s in summaries) != manifest.docs_kept:
         raise RuntimeError(f"published {sum(s.docs for s in summaries)} docs but kept {manifest.docs_kept}")

@@ -180,12 +180,19 @@ class PublishConfig:
     """Spark tasks that pack and publish; each is one Kafka transaction, fenced on retry."""
     transaction_timeout_ms: int = 900_000
     """Kafka transaction timeout per Spark task (must not exceed the broker's transaction.max.timeout.ms)."""
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    """Spark settings for this corpus's job (e.g. ``spark.driver.memory: 6g``, ``spark.executor.cores: 4``);
+    they win over Stoker's defaults, which are sized from the machine (``TokenizePublishOperator``'s
+    ``default_spark_conf``)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.spark_partitions <= 100_000:
             raise _fail("publish.spark_partitions", self.spark_partitions, "must be in [1, 100000]")
         if not 1_000 <= self.transaction_timeout_ms <= 900_000:
             raise _fail("publish.transaction_timeout_ms", self.transaction_timeout_ms, "must be in [1000, 900000]")
+        bad = [k for k in self.spark_conf if not k.startswith("spark.")]
+        if bad:
+            raise _fail("publish.spark_conf", bad[0], "is not a Spark setting: keys start with 'spark.'")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -279,6 +286,11 @@ def _check_type(where: str, value: Any, tp: Any) -> Any:
         return _check_type(where, value, inner)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(v, str | int | float) and not isinstance(v, bool)
+                                                  for v in value.values()):
+            raise _fail(where, value, "must be a mapping of names to values")
+        return {str(k): str(v) for k, v in value.items()}
     if tp is date:
         if isinstance(value, date):
             return value

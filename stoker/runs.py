@@ -84,6 +84,8 @@ def summary(run_dir: Path) -> dict[str, Any]:
                         "offsets": [p.start_offset, p.end_offset]} for p in m.partitions],
         "tokenizer_sha256": m.tokenizer_sha256, "source_uri": m.source_uri,
         "source_files": len(m.source_files), "source_bytes": sum(f.get("bytes", 0) for f in m.source_files),
+        "sources": [{k: f.get(k) for k in ("path", "bytes", "docs_in", "docs_kept", "docs_dropped", "tokens")}
+                    for f in m.source_files],
         "quarantine": m.quarantine_path, "spark_app_id": m.spark_app_id,
         "stage_seconds": stage_seconds(run_dir),
         "stages": stage_rows(run_dir),
@@ -97,7 +99,7 @@ def _training(run_dir: Path, topic: str) -> dict[str, Any] | None:
     if not data:
         return None
     keys = ("steps", "sequences_consumed", "sequences_published", "tokens_consumed", "first_loss", "last_loss",
-            "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe")
+            "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe", "ranks")
     return {k: data.get(k) for k in keys}
 
 
@@ -116,9 +118,11 @@ def render(s: dict[str, Any]) -> str:
         "  partitions       " + "  ".join(
             f"p{p['partition']}: {p['sequences']} seq @ [{p['offsets'][0]}, {p['offsets'][1]})"
             for p in s["partitions"]),
+        *_render_sources(s.get("sources") or []),
         f"  tokenizer sha256 {s['tokenizer_sha256']}",
         f"  quarantine       {s['quarantine']}",
-        "  seconds          " + ("  ".join(f"{k} {v}" for k, v in s["stage_seconds"].items()) or "-"),
+        "  seconds          " + ("  ".join(f"{r['stage']} {r['seconds']}" for r in s.get("stages") or []
+                                        if r["seconds"] is not None) or "-"),
     ]
     t = s.get("training")
     if t:
@@ -128,11 +132,28 @@ def render(s: dict[str, Any]) -> str:
             f"({t['tokens_consumed']} label tokens)",
             f"    loss           {t['first_loss']:.3f} -> {t['last_loss']:.3f}",
             f"    data wait      {100 * t['data_wait_fraction']:.2f}% of step time",
+            *(f"    rank {r['rank']:<9} partitions {r['partitions']}: {r['tokens_this_session']} label tokens"
+              for r in t.get("ranks") or []),
             f"    checkpoint     {t['checkpoint']}",
             f"    export         {t['export']}",
             f"    loss curve     {t['loss_curve']}",
         ]
     return "\n".join(lines)
+
+
+def _render_sources(sources: list[dict[str, Any]], most: int = 8) -> list[str]:
+    """The realised mixture: per source file, documents in and kept, tokens (the largest first)."""
+    rows = [f for f in sources if f.get("docs_in") is not None]
+    if not rows:
+        return []
+    top = sorted(rows, key=lambda f: -(f.get("tokens") or 0))[:most]
+    out = [f"  sources          {'docs in':>9} {'kept':>9} {'tokens':>11}  file"]
+    pad = " " * 19
+    out += [f"{pad}{f['docs_in']:>9} {f['docs_kept']:>9} {f['tokens']:>11}  {f['path'].rsplit('/', 1)[-1]}"
+            for f in top]
+    if len(rows) > most:
+        out.append(f"{pad}... {len(rows) - most} more files (stoker runs show --json)")
+    return out
 
 
 def render_stages(s: dict[str, Any]) -> str:

@@ -63,6 +63,8 @@ class StepStats:
     data_wait: float
     keys: list[bytes] = field(default_factory=list)
     """This rank's sequence keys."""
+    local_tokens: int = 0
+    """This rank's label tokens (the rest of the fields are summed over every rank)."""
 
 
 @dataclass(slots=True)
@@ -79,6 +81,8 @@ class Progress:
     session_sequences: int = 0
     """This session's share (not saved: a new session starts it at 0)."""
     session_tokens: int = 0
+    rank_tokens: int = 0
+    """This rank's share of ``session_tokens``."""
 
     def update(self, s: StepStats) -> None:
         self.step = s.step
@@ -88,6 +92,7 @@ class Progress:
         self.tokens += s.tokens
         self.session_sequences += s.rows
         self.session_tokens += s.tokens
+        self.rank_tokens += s.local_tokens
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "first_loss": self.first_loss, "last_loss": self.last_loss,
@@ -213,7 +218,8 @@ class Trainer:
         t0, w0 = time.perf_counter(), self.source.wait_seconds
         pending = self.source.next_batch()
         input_ids, labels, position_ids, keys = to_tensors(pending, self.manifest.seq_len, self.pad_id)
-        local = torch.tensor([len(keys), int((labels != -100).sum())], dtype=torch.float64)
+        mine = int((labels != -100).sum())
+        local = torch.tensor([len(keys), mine], dtype=torch.float64)
         dist.all_reduce(local)  # a sync point: every rank learns whether anyone still has data
         rows, tokens = int(local[0]), float(local[1])
         if rows == 0:
@@ -230,7 +236,7 @@ class Trainer:
         dist.all_reduce(total)
         return StepStats(step=self.progress.step + 1, loss=float(total[0]) / max(tokens, 1.0), rows=rows,
                          tokens=int(tokens), seconds=time.perf_counter() - t0,
-                         data_wait=self.source.wait_seconds - w0, keys=keys)
+                         data_wait=self.source.wait_seconds - w0, keys=keys, local_tokens=mine)
 
     def after_step(self, stats: StepStats) -> None:
         """Expert balancing, counters, metrics and the keys log."""
@@ -286,6 +292,9 @@ class Trainer:
 
         waits = torch.tensor([waited], dtype=torch.float64)
         dist.all_reduce(waits)
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, {"rank": self.rank, "partitions": self.source.partitions,
+                                          "tokens_this_session": self.progress.rank_tokens})
         p, f = self.progress, self.files
         summary = {"steps": p.step, "sequences_this_session": p.session_sequences,
                    "tokens_this_session": p.session_tokens, "sequences_consumed": p.sequences,
@@ -293,7 +302,7 @@ class Trainer:
                    "sequences_published": self.manifest.sequences, "first_loss": p.first_loss,
                    "last_loss": p.last_loss, "data_wait_fraction": float(waits[0]) / self.world / max(elapsed, 1e-9),
                    "checkpoint": str(f.checkpoints), "next_offsets": self.data_state["next_offsets"],
-                   "world_size": self.world, "group_id": self.group_id, "topic": self.manifest.topic,
+                   "world_size": self.world, "ranks": per_rank, "group_id": self.group_id, "topic": self.manifest.topic,
                    "recipe": self.recipe.name}
         if self.rank == 0:
             summary["export"] = str(export(self.engine.module, self.manifest, f))

@@ -16,11 +16,24 @@ from stoker_airflow.hooks import StokerKafkaHook
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",  # the job logs its own progress lines
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
     "spark.task.maxFailures": "4",
     "spark.executorEnv.TOKENIZERS_PARALLELISM": "false",
 }
+
+
+def default_spark_conf(ram_bytes: int | None = None) -> dict[str, str]:
+    """Stoker's Spark settings, sized from this machine: the JVM gets an eighth of the memory, between
+    1 and 2 GiB. Records stream in bounded batches and persisted data spills to disk, so the heap
+    never has to hold a file; what it holds is shuffle and cache buffers. A corpus overrides any of
+    them with ``publish.spark_conf``."""
+    import os
+
+    ram = ram_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gib = max(1, min(2, ram // (8 << 30)))
+    return {**SPARK_CONF, "spark.driver.memory": f"{gib}g", "spark.executor.memory": f"{gib}g"}
 
 
 class TokenizePublishOperator(SparkSubmitOperator):
@@ -43,7 +56,7 @@ class TokenizePublishOperator(SparkSubmitOperator):
         if not Path(corpus_path).is_file():
             raise ValueError(f"corpus_path = {corpus_path!r}: no such corpus config")
         kwargs.setdefault("application", str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"))
-        kwargs.setdefault("conf", dict(SPARK_CONF))
+        kwargs.setdefault("conf", default_spark_conf())
         super().__init__(**kwargs)
         self.corpus_path = corpus_path
         self.corpus = corpus
@@ -52,18 +65,17 @@ class TokenizePublishOperator(SparkSubmitOperator):
         self.aws_conn_id = aws_conn_id
         self.extra_args = list(extra_args or [])
 
-    def _source_uri(self) -> str:
-        from stoker.config import load_corpus
-
+    def _source_uri(self, cfg: Any) -> str:
         if "--source-uri" in self.extra_args:
-            uri = self.extra_args[self.extra_args.index("--source-uri") + 1]
-        else:
-            uri = load_corpus(self.corpus_path).source.uri
-        return uri
+            return self.extra_args[self.extra_args.index("--source-uri") + 1]
+        return str(cfg.source.uri)
 
     def execute(self, context: Any) -> None:
+        from stoker.config import load_corpus
         from stoker.layout import RunLayout, run_topic
 
+        cfg = load_corpus(self.corpus_path)
+        self.conf = {**(self.conf or {}), **cfg.publish.spark_conf}
         run = RunLayout.of(self.corpus, self.ds)
         topic = run_topic(self.corpus, self.ds, context["ti"].try_number)
         self.application_args = ["--corpus", self.corpus_path, "--ds", self.ds, "--topic", topic,
@@ -71,7 +83,7 @@ class TokenizePublishOperator(SparkSubmitOperator):
         hook = StokerKafkaHook(self.kafka_config_id)
         self.env_vars = {**(self.env_vars or {}), "STOKER_KAFKA_CONFIG": json.dumps(hook.subprocess_config()),
                          "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-        if self._source_uri().startswith(("s3://", "s3a://")):
+        if self._source_uri(cfg).startswith(("s3://", "s3a://")):
             from stoker.connectors import s3a_jars
             from stoker_airflow.hooks import s3_settings
 

@@ -14,6 +14,7 @@ import pytest
 from small_corpus import BAD, GOOD  # tests/integration/small_corpus.py
 
 from spark_jobs import steps
+from spark_jobs.reading import BOM
 from spark_jobs.tokenization import load_tokenizer
 from spark_jobs.tokenize_publish import run_job
 from stoker import kafka as skafka
@@ -190,3 +191,35 @@ def test_parquet_source_reads_one_document_per_row(spark, kafka_config, small_cf
     msgs = skafka.read_all(kafka_config, topic)
     docs, _ = _documents_from_topic(msgs, load_tokenizer(m.tokenizer_path).token_to_id("<|endoftext|>"))
     assert Counter(docs) == Counter(_expected_docs(m.tokenizer_path))
+
+
+def test_a_big_file_split_over_many_tasks_publishes_what_one_task_does(spark, kafka_config, small_cfg, tmp_path):
+    """A 2 GB-class file in miniature: split_bytes of 1 KiB cuts each file into many byte ranges (one Spark
+    task each). The records, counts, quarantine and published sequences equal the one-split run's;
+    a byte-order mark at the start of a file is its encoding, not part of its first record."""
+    folder = Path(small_cfg.source.uri)
+    a = folder / "a.jsonl"
+    a.write_bytes(BOM + a.read_bytes())
+    whole = run_job(spark, small_cfg, ds="2026-12-07", topic="stoker.test.20261207.a1", run_dir=tmp_path / "whole",
+                    kafka_config=kafka_config)
+    small_cfg.source = dataclasses.replace(small_cfg.source, split_bytes=1024)
+    split = run_job(spark, small_cfg, ds="2026-12-07", topic="stoker.test.20261207.a2", run_dir=tmp_path / "split",
+                    kafka_config=kafka_config)
+    assert sum(-(-f["bytes"] // 1024) for f in split.source_files) >= 8  # really cut into many tasks
+    assert (split.docs_in, split.docs_kept, split.docs_dropped) == (whole.docs_in, whole.docs_kept,
+                                                                    whole.docs_dropped)
+    assert split.docs_in == len(GOOD) + 2 + len(BAD) and split.docs_kept == len(GOOD)  # the BOM line kept
+    pairs = {(m.key(), m.value()) for m in skafka.read_all(kafka_config, "stoker.test.20261207.a2")}
+    assert pairs == {(m.key(), m.value()) for m in skafka.read_all(kafka_config, "stoker.test.20261207.a1")}
+
+    def quarantined(run):
+        rows = [json.loads(line) for f in (run / "quarantine").glob("part-*.json") for line in f.open()]
+        return sorted((r["source"], r["pos"], r["reason"], r.get("raw_base64", "")) for r in rows)
+    assert quarantined(tmp_path / "split") == quarantined(tmp_path / "whole")
+
+    # per source file: what came in, what was kept or dropped, and the tokens: the totals are the sums
+    for m in (whole, split):
+        assert sum(f["docs_in"] for f in m.source_files) == m.docs_in
+        assert sum(f["docs_kept"] for f in m.source_files) == m.docs_kept
+        assert sum(f["tokens"] for f in m.source_files) == m.tokens
+        assert all(f["docs_in"] == f["docs_kept"] + sum(f["docs_dropped"].values()) for f in m.source_files)

@@ -37,11 +37,6 @@ def test_clean_normalises_strips_and_checks_length():
     assert steps.clean(blank, "NFC", 1, 100).reason == steps.EMPTY_TEXT
 
 
-def test_split_lines_numbers_from_one_and_ignores_the_final_newline():
-    assert list(steps.split_lines(b"a\r\nb\n\nc\n")) == [(1, b"a"), (2, b"b"), (3, b""), (4, b"c")]
-    assert list(steps.split_lines(b"")) == []
-
-
 def test_packer_keeps_every_token_in_order_with_eos_between_documents():
     docs = [list(range(1, 6)), list(range(10, 23)), [30], list(range(40, 47))]
     packer = steps.Packer(seq_len=7, eos_id=0, pad_id=99)
@@ -65,44 +60,12 @@ def test_packer_exact_fit_needs_no_padding():
     assert len(out) == 1 and out[0].tokens.tolist() == [1, 2, 3, 0] and packer.padding == 0
 
 
-def test_decompress_by_suffix_and_a_corrupt_file_is_one_quarantined_record():
-    import gzip
-
-    import zstandard
-
-    data = b'{"text": "a"}\n{"text": "b"}\n'
-    assert steps.decompress("x.jsonl", data) == (data, None)
-    assert steps.decompress("x.jsonl.gz", gzip.compress(data)) == (data, None)
-    assert steps.decompress("x.jsonl.zst", zstandard.ZstdCompressor().compress(data)) == (data, None)
-    # a streamed zstd frame (no content size in the header) too
-    streamed = zstandard.ZstdCompressor(write_content_size=False).compress(data)
-    assert steps.decompress("x.jsonl.zstd", streamed) == (data, None)
-
-    truncated = gzip.compress(data)[:-12]
-    out, why = steps.decompress("/in/x.jsonl.gz", truncated)
-    assert out is None and why.startswith("gzip: ")
-    rec = steps.corrupt_file("/in/x.jsonl.gz", truncated, why)
-    assert (rec.reason, rec.line, rec.raw) == (steps.CORRUPT_FILE, 0, truncated)
-    assert f"({len(truncated)} bytes)" in rec.detail
-    assert steps.decompress("x.zst", b"not zstd at all")[0] is None
-
-
-def test_parquet_rows_are_records_numbered_from_one():
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    buf = io.BytesIO()
-    pq.write_table(pa.table({"text": ["first doc", None, "third", ""], "id": [1, 2, 3, 4]}), buf)
-    recs = list(steps.records_of("/in/a.parquet", buf.getvalue(), "parquet", "text"))
-    assert [(r.line, r.text, r.reason) for r in recs] == [
-        (1, "first doc", None), (2, None, steps.MISSING_TEXT), (3, "third", None), (4, "", None)]
-    assert recs[1].raw == b'{"text": null}'  # what the quarantine keeps of a bad row
-    assert steps.clean(recs[3], "NFC", 1, 100).reason == steps.EMPTY_TEXT
-
-    wrong = list(steps.records_of("/in/a.parquet", buf.getvalue(), "parquet", "body"))
-    assert {r.reason for r in wrong} == {steps.MISSING_TEXT} and len(wrong) == 4
-    assert "absent (columns: text, id)" in wrong[0].detail
-    broken = list(steps.records_of("/in/b.parquet", buf.getvalue()[:-30], "parquet", "text"))
-    assert [r.reason for r in broken] == [steps.CORRUPT_FILE]
+def test_a_parquet_row_is_a_record_and_a_bad_one_keeps_its_value():
+    ok = steps.parquet_record("/in/a.parquet", 0, "first doc", "text")
+    assert (ok.pos, ok.text, ok.reason) == (0, "first doc", None)
+    null = steps.parquet_record("/in/a.parquet", 1, None, "text")
+    assert (null.reason, null.raw) == (steps.MISSING_TEXT, b'{"text": null}')  # what the quarantine keeps
+    assert steps.parquet_record("/in/a.parquet", 2, 7, "text").detail == "column 'text' is int"
+    assert steps.clean(steps.parquet_record("f", 3, "", "text"), "NFC", 1, 100).reason == steps.EMPTY_TEXT
+    absent = steps.parquet_record("f", 0, None, "body", absent="absent (columns: text, id)")
+    assert "absent (columns: text, id)" in absent.detail

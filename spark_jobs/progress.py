@@ -1,0 +1,69 @@
+"""The job's progress in its log (the Airflow task log): the stage advancing, not only Spark's INFO lines.
+
+Every ``every`` seconds the driver logs one line: the phase, Spark's tasks done of the stage's total,
+the input bytes read of the total, documents and tokens per second, and an ETA of the read. Tasks
+report through accumulators, which Spark delivers as each task ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("stoker.tokenize_publish")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+class JobProgress:
+    def __init__(self, spark: Any, every: float = 15.0) -> None:
+        sc = spark.sparkContext
+        self._sc, self.every = sc, every
+        self.bytes_read, self.docs, self.tokens = sc.accumulator(0), sc.accumulator(0), sc.accumulator(0)
+        self.total_bytes = 0
+        self.phase = "starting"
+        self._t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stoker-progress", daemon=True)
+
+    def __enter__(self) -> JobProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        log.info("progress: done: %s", self.line())
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        log.info("progress: %s", phase)
+
+    def _tasks(self) -> str:
+        tracker = self._sc.statusTracker()
+        stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+        done = sum(s.numCompletedTasks for s in stages if s)
+        total = sum(s.numTasks for s in stages if s)
+        return f"tasks {done}/{total}" if total else "tasks -"
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        read, docs, tokens = self.bytes_read.value, self.docs.value, self.tokens.value
+        eta = ""
+        if self.total_bytes and 0 < read < self.total_bytes:
+            eta = f", read ETA {(self.total_bytes - read) / (read / elapsed):.0f} s"
+        share = f" ({100 * read / self.total_bytes:.0f}%)" if self.total_bytes else ""
+        return (f"{self.phase}: {self._tasks()}, read {_mb(read)} of {_mb(self.total_bytes)}{share}, "
+                f"{docs:,} docs ({docs / elapsed:,.0f}/s), {tokens:,} tokens ({tokens / elapsed:,.0f}/s), "
+                f"{elapsed:.0f} s{eta}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                log.info("progress: %s", self.line())
+            except Exception:  # noqa: BLE001 - a progress line must never fail the job
+                continue

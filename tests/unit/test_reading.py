@@ -1,0 +1,79 @@
+"""Streaming, splittable reads without Spark: splits partition a file's records exactly, compressed
+files stream, and every record keeps its raw bytes and byte offset."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import pytest
+import zstandard
+
+from spark_jobs import steps
+from spark_jobs.reading import BOM, plan_splits, scan_file, split_records
+
+pytestmark = pytest.mark.unit
+
+
+def _records(path, size: int, split_bytes: int, max_bytes: int = 1 << 20, fmt: str = "jsonl"):
+    files = [{"path": str(path), "bytes": size, **scan_file(str(path))}]
+    return [r for s in plan_splits(files, split_bytes) for r in split_records(s, fmt, "text", max_bytes)]
+
+
+@pytest.mark.parametrize("split_bytes", [1, 2, 3, 7, 64, 1000, 1 << 20])
+def test_splits_partition_the_records_exactly(tmp_path, split_bytes):
+    rng = random.Random(split_bytes)
+    lines = [json.dumps({"text": "x" * rng.randrange(0, 40) + str(i)}).encode() for i in range(200)]
+    lines[5] = b""  # a blank line is a record too
+    lines[9] = b'{"text": "crlf"}\r'
+    content = b"\n".join(lines) + b"\n"
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(content)
+    got = _records(path, len(content), split_bytes)
+    offsets = [0]
+    for raw in lines[:-1]:
+        offsets.append(offsets[-1] + len(raw) + 1)
+    assert [r.pos for r in got] == offsets  # every record once, at the byte offset of its first byte
+    assert [r.raw for r in got] == [raw.removesuffix(b"\r") for raw in lines]
+    assert got[5].reason == steps.INVALID_JSON and got[9].text == "crlf"
+
+
+def test_a_last_line_without_newline_and_a_bom_at_the_start(tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(BOM + b'{"text": "first"}\n{"text": "last"}')
+    got = _records(path, path.stat().st_size, 5)
+    assert [(r.text, r.reason) for r in got] == [("first", None), ("last", None)]
+    assert got[0].raw == b'{"text": "first"}'  # the mark is the file's encoding, not the record's
+
+
+def test_invalid_utf8_is_detected_not_replaced(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"good line\nbad \xff\xfe line\n")
+    got = _records(path, path.stat().st_size, 4, fmt="text")
+    assert [r.reason for r in got] == [None, steps.INVALID_UTF8]
+    assert got[1].raw == b"bad \xff\xfe line"
+
+
+def test_a_line_over_the_limit_is_dropped_without_being_held(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n' + b'{"text": "' + b"y" * 5000 + b'"}\n{"text": "after"}\n')
+    got = _records(path, path.stat().st_size, 1 << 20, max_bytes=100)
+    assert [r.reason for r in got] == [None, steps.TOO_LONG, None]
+    assert got[2].text == "after" and got[2].pos == 15 + 5000 + 13
+    assert len(got[1].raw) == 101
+
+
+def test_compressed_files_stream_and_a_corrupt_one_is_one_record(tmp_path):
+    body = b"".join(json.dumps({"text": f"doc {i}"}).encode() + b"\n" for i in range(1000))
+    gz, zst, bad = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.zst", tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress(body))
+    zst.write_bytes(zstandard.ZstdCompressor().compress(body))
+    bad.write_bytes(gzip.compress(body)[:-20])  # truncated in transit
+    for p in (gz, zst):
+        got = _records(p, p.stat().st_size, 10)  # never split: one stream per file
+        assert [r.text for r in got] == [f"doc {i}" for i in range(1000)]
+    scan = scan_file(str(bad))
+    assert scan["corrupt"] and "gzip" in scan["corrupt"] and scan["bytes"] == bad.stat().st_size
+    got = _records(bad, bad.stat().st_size, 10)
+    assert len(got) == 1 and got[0].reason == steps.CORRUPT_FILE and got[0].raw == bad.read_bytes()[:4096]
