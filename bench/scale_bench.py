@@ -68,12 +68,12 @@ class PeakRss(threading.Thread):
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
-        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self.pid, self.peak, self._halt = pid, 0, threading.Event()
 
     def run(self) -> None:
         import psutil
 
-        while not self._stop.wait(0.5):
+        while not self._halt.wait(0.5):
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)]
@@ -88,7 +88,7 @@ class PeakRss(threading.Thread):
             self.peak = max(self.peak, total)
 
     def stop(self) -> int:
-        self._stop.set()
+        self._halt.set()
         self.join()
         return self.peak
 
@@ -121,9 +121,9 @@ def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str) -> tu
 
 
 def phases(log: str) -> str:
-    """Seconds between the job's phase lines (lineage scan, read + dedup, tokenise + publish)."""
-    marks = [(m.group(1), m.group(2)) for m in re.finditer(r"(\d\d:\d\d:\d\d)\S* INFO stoker.tokenize_publish: "
-                                                               r"progress: ([a-z ,]+)$", log, re.M)]
+    """Seconds between the job's phase lines (read + dedup, tokenise + publish, up to "done")."""
+    marks = [(m.group(1), m.group(2)) for m in re.finditer(
+        r"(\d\d:\d\d:\d\d)\S* INFO stoker.tokenize_publish: progress: (done|[a-z ,]+$)", log, re.M)]
     scan = re.search(r"lineage scan: .* in ([\d.]+) s", log)
     parts = [f"lineage scan {scan.group(1)} s"] if scan else []
     for (t1, name), (t2, _) in zip(marks, marks[1:], strict=False):
