@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from stoker import paths
+from stoker.layout import RunLayout
 from stoker.local import broker, sample
 
 
@@ -116,7 +117,7 @@ def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str) -> tu
     seconds, peak = time.perf_counter() - t0, rss.stop()
     if proc.returncode != 0:
         sys.exit(f"tokenize_publish failed:\n{out[-5000:]}")
-    manifest = json.loads((workdir / "run" / "manifest.json").read_text())
+    manifest = json.loads(RunLayout(workdir / "run").manifest.read_text())
     return manifest, seconds, peak, out
 
 

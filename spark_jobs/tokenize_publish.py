@@ -175,7 +175,7 @@ def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> 
 
 
 def quarantine(staged: Staged, run: RunLayout) -> Path:
-    """Rejected records with their exact raw bytes and where they came from (file, line)."""
+    """Rejected records with their exact raw bytes and where they came from (file, pos)."""
     from pyspark.sql import functions as F
 
     (staged.frame.filter(F.col("reason").isNotNull())
