@@ -18,6 +18,21 @@ def load_tokenizer(path: str) -> Any:
     return tok
 
 
+def tokenizer_from_json(text: str, digest: str) -> Any:
+    """A tokenizer shipped with the job (a Spark broadcast of its JSON): executors need no shared path.
+    Built once per Python worker and digest."""
+    return _from_json(digest, text)
+
+
+@lru_cache(maxsize=4)
+def _from_json(digest: str, text: str) -> Any:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(text)
+    tok.encode_special_tokens = True  # as load_tokenizer: special tokens in the data are text
+    return tok
+
+
 def token_id(tokenizer: Any, token: str, what: str) -> int:
     tid = tokenizer.token_to_id(token)
     if tid is None:

@@ -37,7 +37,7 @@ from stoker.manifest import Manifest, PartitionRange, sha256_file, write_manifes
 
 log = logging.getLogger("stoker.tokenize_publish")
 
-def pack_publish_batches(*, cfg: CorpusConfig, tokenizer_path: str, topic: str, run_id: str, dtype: str,
+def pack_publish_batches(*, cfg: CorpusConfig, tokenizer: Any, topic: str, run_id: str, dtype: str,
                          kafka_config: dict[str, Any], fail: tuple[int, int] | None, tokens_acc: Any = None):
     """mapInArrow function: the kept documents of one Spark partition → one summary row."""
     seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
@@ -50,12 +50,13 @@ def pack_publish_batches(*, cfg: CorpusConfig, tokenizer_path: str, topic: str, 
 
         from spark_jobs.publish import TaskSummary, publish_partition
         from spark_jobs.steps import Packer
-        from spark_jobs.tokenization import encode_batch, load_tokenizer, token_id
+        from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
 
         ctx = TaskContext.get()
         assert ctx is not None, "runs inside a Spark task"
         sp, attempt = ctx.partitionId(), ctx.attemptNumber()
-        tok = load_tokenizer(tokenizer_path)
+        text, digest = tokenizer.value
+        tok = tokenizer_from_json(text, digest)
         packer = Packer(seq_len=seq_len, eos_id=token_id(tok, eos, "eos_token"),
                         pad_id=token_id(tok, pad, "pad_token"))
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
@@ -95,6 +96,7 @@ class RunInputs:
     run_id: str
     uri: str
     tokenizer_path: str
+    tokenizer_sha256: str
     vocab_size: int
     dtype: str
     files: list[dict[str, Any]]
@@ -154,7 +156,8 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
     files = scan(spark, listed, opener_for(cfg), cfg.source.format)
     log.info("lineage scan: %d files, %.1f MB in %.1f s", len(files), sum(f["bytes"] for f in files) / 1e6,
              time.monotonic() - t0)
-    return RunInputs(run_id=f"{cfg.name}/{ds}", uri=uri, tokenizer_path=tok_path, vocab_size=vocab,
+    return RunInputs(run_id=f"{cfg.name}/{ds}", uri=uri, tokenizer_path=tok_path,
+                     tokenizer_sha256=sha256_file(tok_path), vocab_size=vocab,
                      dtype=records.dtype_for_vocab(vocab), files=files)
 
 
@@ -199,7 +202,10 @@ def pack_publish(staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: st
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
     kept = (staged.frame.filter(F.col("reason").isNull()).select("digest", "source", "pos", "text")
             .repartition(cfg.publish.spark_partitions, "digest").sortWithinPartitions("source", "pos"))
-    fn = pack_publish_batches(cfg=cfg, tokenizer_path=inputs.tokenizer_path, topic=topic, run_id=inputs.run_id,
+    # the tokenizer travels with the job (a broadcast), so executors on other hosts need no shared path
+    sc = staged.frame.sparkSession.sparkContext
+    tokenizer = sc.broadcast((Path(inputs.tokenizer_path).read_text(), inputs.tokenizer_sha256))
+    fn = pack_publish_batches(cfg=cfg, tokenizer=tokenizer, topic=topic, run_id=inputs.run_id,
                               dtype=inputs.dtype, kafka_config=kafka_config, fail=fail, tokens_acc=tokens_acc)
     return [TaskSummary.from_json(r["summary"]) for r in kept.mapInArrow(fn, "summary string").collect()]
 
@@ -217,7 +223,7 @@ def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInp
         partitions=[PartitionRange(partition=p, start_offset=starts[p], end_offset=ends[p], sequences=per_part[p])
                     for p in sorted(per_part)],
         seq_len=cfg.pack.seq_len, dtype=inputs.dtype, tokenizer_path=inputs.tokenizer_path,
-        tokenizer_sha256=sha256_file(inputs.tokenizer_path), vocab_size=inputs.vocab_size,
+        tokenizer_sha256=inputs.tokenizer_sha256, vocab_size=inputs.vocab_size,
         docs_in=staged.docs_in, docs_kept=staged.counts.get(None, 0), docs_dropped=staged.dropped,
         tokens=sum(s.tokens for s in summaries), padding_tokens=sum(s.padding for s in summaries),
         sequences=sum(s.sequences for s in summaries), source_uri=inputs.uri,

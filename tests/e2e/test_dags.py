@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +176,40 @@ def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config
         assert f["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest() and f["bytes"] == p.stat().st_size
     assert m.docs_in == m.docs_kept + sum(m.docs_dropped.values()) > 0
     assert len(skafka.read_all(kafka_config, m.topic)) == m.sequences > 0
+
+
+DAG_TEST_PUBLISH = """
+import json, sys
+from datetime import datetime, timezone
+import dags.refresh_dags as m
+run = m.refresh_sample.test(logical_date=datetime.fromisoformat(sys.argv[1]).replace(tzinfo=timezone.utc),
+                            mark_success_pattern=r"training\\..*|report")
+print("STATE=" + json.dumps(str(run.state)))
+"""
+
+
+def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_does(kafka_config, sample_corpus,
+                                                                                    airflow_db, tmp_path):
+    """The same job, unchanged, on a real cluster manager: spark_default points at a standalone master
+    with two workers (pyspark's own jars, started here). The night publishes the same sequences as a
+    local-mode run of the same files; the tokenizer reaches the executors with the job."""
+    from stoker import kafka as skafka
+    from stoker.local.servers.spark import SparkStandalone
+
+    def publish(ds: str, env: dict[str, str]) -> Any:
+        out = subprocess.run([sys.executable, "-c", DAG_TEST_PUBLISH, ds], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=900)
+        assert 'STATE="success"' in out.stdout, out.stdout[-4000:] + out.stderr[-4000:]
+        return read_manifest(RunLayout.of("sample", ds).run_dir)
+
+    local = publish("2026-12-05", os.environ.copy())
+    with SparkStandalone(tmp_path / "spark", workers=2, cores=1, memory="2g") as cluster:
+        conn = json.dumps({"conn_type": "spark", "host": cluster.url, "extra": {"spark-binary": "spark-submit"}})
+        remote = publish("2026-12-06", {**os.environ, "AIRFLOW_CONN_SPARK_DEFAULT": conn})
+    assert local.spark_app_id.startswith("local-") and remote.spark_app_id.startswith("app-")  # a standalone app
+    assert (remote.docs_in, remote.docs_kept, remote.docs_dropped, remote.tokens, remote.sequences) == \
+        (local.docs_in, local.docs_kept, local.docs_dropped, local.tokens, local.sequences)
+    assert [(f["path"], f["sha256"], f["tokens"]) for f in remote.source_files] == \
+        [(f["path"], f["sha256"], f["tokens"]) for f in local.source_files]
+    pairs = {(m.key(), m.value()) for m in skafka.read_all(kafka_config, remote.topic)}
+    assert pairs == {(m.key(), m.value()) for m in skafka.read_all(kafka_config, local.topic)}
