@@ -116,7 +116,8 @@ def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str) -> tu
     out = proc.communicate()[0]
     seconds, peak = time.perf_counter() - t0, rss.stop()
     if proc.returncode != 0:
-        sys.exit(f"tokenize_publish failed:\n{out[-5000:]}")
+        errors = [line for line in out.splitlines() if "Error" in line or "Exception:" in line][:10]
+        sys.exit("tokenize_publish failed:\n" + "\n".join(errors) + "\n...\n" + out[-3000:])
     manifest = json.loads(RunLayout(workdir / "run").manifest.read_text())
     return manifest, seconds, peak, out
 

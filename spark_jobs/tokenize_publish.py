@@ -169,8 +169,8 @@ def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> 
 
     parsed = read_parsed(spark, cfg, inputs.files, progress)
     if cfg.clean.dedup:
-        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)  # read once: the dedup pass and the join use it
-    frame = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.MEMORY_AND_DISK)
+        parsed = parsed.persist(StorageLevel.DISK_ONLY)  # read once: the dedup pass and the join use it
+    frame = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.DISK_ONLY)
     by_source: dict[str, dict[str | None, int]] = {}
     for r in frame.groupBy("source", "reason").count().collect():
         by_source.setdefault(r["source"], {})[r["reason"]] = r["count"]
