@@ -13,12 +13,16 @@ import pytest
 from stoker import kafka as skafka
 from stoker.exceptions import StackError
 from stoker.local import broker as stack
+from stoker.local.servers import free_ports
 
 pytestmark = pytest.mark.integration
 
 
 def test_broker_up_is_idempotent_and_down_stops_exactly_it(tmp_path):
-    broker = stack.Broker(home=tmp_path / "kafka", port=39292)
+    # a port nothing uses now: a fixed one inside the ephemeral range (32768-60999) can be taken for a
+    # moment by any client socket of the suite, and the broker's bind then fails
+    port = free_ports(2)
+    broker = stack.Broker(home=tmp_path / "kafka", port=port)
     stack.up(broker)
     try:
         pid = stack.status(broker)["pid"]
@@ -26,8 +30,8 @@ def test_broker_up_is_idempotent_and_down_stops_exactly_it(tmp_path):
         assert stack.up(broker) == broker and stack.status(broker)["pid"] == pid  # no second broker
         assert skafka.check_reachable(broker.client_config()) == 1
         # a second stack on the same port refuses clearly instead of fighting over it
-        with pytest.raises(StackError, match="port 39292 is in use"):
-            stack.up(stack.Broker(home=tmp_path / "other", port=39292))
+        with pytest.raises(StackError, match=f"port {port} is in use"):
+            stack.up(stack.Broker(home=tmp_path / "other", port=port))
     finally:
         assert stack.down(broker) is True
     assert not stack.status(broker)["running"]
