@@ -26,7 +26,7 @@ class JobProgress:
         self.bytes_read, self.docs, self.tokens = sc.accumulator(0), sc.accumulator(0), sc.accumulator(0)
         self.total_bytes = 0
         self.phase = "starting"
-        self._t0 = time.monotonic()
+        self._t0 = self._phase_t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stoker-progress", daemon=True)
 
@@ -40,7 +40,11 @@ class JobProgress:
         log.info("progress: done: %s", self.line())
 
     def set_phase(self, phase: str) -> None:
-        self.phase = phase
+        """A new pass over the input: its bytes and documents count from zero (tokens run on)."""
+        if self.phase != "starting":
+            log.info("progress: %s", self.line())
+        self.phase, self._phase_t0 = phase, time.monotonic()
+        self.bytes_read.value, self.docs.value = 0, 0
         log.info("progress: %s", phase)
 
     def _tasks(self) -> str:
@@ -51,15 +55,16 @@ class JobProgress:
         return f"tasks {done}/{total}" if total else "tasks -"
 
     def line(self) -> str:
-        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        now = time.monotonic()
+        elapsed, in_phase = max(now - self._t0, 1e-9), max(now - self._phase_t0, 1e-9)
         read, docs, tokens = self.bytes_read.value, self.docs.value, self.tokens.value
         eta = ""
         if self.total_bytes and 0 < read < self.total_bytes:
-            eta = f", read ETA {(self.total_bytes - read) / (read / elapsed):.0f} s"
+            eta = f", ETA {(self.total_bytes - read) / (read / in_phase):.0f} s"
         share = f" ({100 * read / self.total_bytes:.0f}%)" if self.total_bytes else ""
         return (f"{self.phase}: {self._tasks()}, read {_mb(read)} of {_mb(self.total_bytes)}{share}, "
-                f"{docs:,} docs ({docs / elapsed:,.0f}/s), {tokens:,} tokens ({tokens / elapsed:,.0f}/s), "
-                f"{elapsed:.0f} s{eta}")
+                f"{docs:,} docs ({docs / in_phase:,.0f}/s), {tokens:,} tokens ({tokens / in_phase:,.0f}/s), "
+                f"{in_phase:.0f} s in this pass, {elapsed:.0f} s in all{eta}")
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):

@@ -1,6 +1,6 @@
 """The read side of the job as DataFrames: preflight, the lineage scan, streaming parse, dedup.
 
-Task-side logic (opening, splitting, decompressing, parsing) lives in :mod:`spark_jobs.reading`
+Task-side logic (opening, splitting, decompressing, parsing) lives in :mod:`spark_jobs.streams`
 and :mod:`spark_jobs.steps`, which import no pyspark.
 """
 
@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from spark_jobs.reading import Opener, Split, plan_splits, scan_batches, split_records, split_rows
+from spark_jobs.streams import Opener, plan_tasks, scan_batches, task_json
 from stoker import paths
 from stoker.config import CorpusConfig
 from stoker.exceptions import ConfigError, SourceError
 
 log = logging.getLogger("stoker.tokenize_publish")
 
-PARSED_SCHEMA = "source string, pos long, text string, reason string, detail string, raw binary, digest binary"
-COLUMNS = ["source", "pos", "text", "reason", "detail", "raw", "digest"]
-BATCH_ROWS = 2048
+INDEX_SCHEMA = "source string, pos long, reason string, detail string, raw binary, digest binary"
+INDEX_COLUMNS = ["source", "pos", "reason", "detail", "raw", "digest"]
+"""The index of a run: every record, where it is, kept or why not, and the digest of its clean text.
+No text: the pack pass reads the records again from the files (or Spark's Parquet reader)."""
+BATCH_ROWS = 8192
 BATCH_BYTES = 16 << 20
-"""A parse task hands Spark a batch at whichever limit comes first: memory is bounded by these."""
+"""An index task hands Spark a batch at whichever limit comes first: memory is bounded by these."""
 
 
 def canonical(path: str) -> str:
@@ -113,9 +117,87 @@ def scan(spark, files: list[dict[str, Any]], opener: Opener, fmt: str) -> list[d
     return sorted(({**f, **scanned[f["path"]]} for f in files), key=lambda f: f["path"])
 
 
-def parse_splits(cfg: CorpusConfig, max_bytes: int, progress: Any = None):
-    """mapInArrow function: split rows (one per task) → one row per record, in bounded batches."""
-    src, c, opener = cfg.source, cfg.clean, opener_for(cfg)
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """Where a run's records come from: the input rows of a Spark stage, and how a task turns its
+    rows into records. Both passes use the same feed, so they see the same records in the same order."""
+
+    frame: Any
+    records: Callable[..., Iterator[Any]]
+    """``records(arrow_batches, bytes_read_accumulator=None)`` → :class:`spark_jobs.steps.Parsed`."""
+
+
+def line_records(cfg: CorpusConfig, opener: Opener) -> Callable[..., Iterator[Any]]:
+    """JSONL/text: each row is one task's splits (byte ranges, or whole compressed files)."""
+    fmt, field, max_bytes = cfg.source.format, cfg.source.text_field, cfg.clean.max_chars * 4 + 4  # UTF-8: 4 B/char
+
+    def records(batches: Iterator[Any], read_acc: Any = None) -> Iterator[Any]:
+        from spark_jobs.streams import Split, split_records
+
+        for batch in batches:
+            for task in batch.column("splits").to_pylist():
+                for split in json.loads(task):
+                    yield from split_records(Split(**split), fmt, field, max_bytes, opener)
+                    if read_acc is not None:
+                        read_acc.add(split["end"] - split["start"])
+    return records
+
+
+def parquet_records(text_field: str, absent: str) -> Callable[..., Iterator[Any]]:
+    """Parquet: projected rows (source, pos, value) from Spark's reader."""
+    def records(batches: Iterator[Any], read_acc: Any = None) -> Iterator[Any]:
+        from spark_jobs.steps import parquet_record
+
+        for batch in batches:
+            cols = (batch.column(k).to_pylist() for k in ("source", "pos", "value"))
+            for source, pos, value in zip(*cols, strict=True):
+                yield parquet_record(canonical(source), pos, value, text_field, absent)
+    return records
+
+
+def task_feed(spark, cfg: CorpusConfig, files: list[dict[str, Any]]) -> Feed:
+    """One row, so one Spark partition, per planned task (streams.plan_tasks)."""
+    tasks = plan_tasks(files, cfg.source.split_bytes, cfg.publish.spark_partitions)
+    rdd = spark.sparkContext.parallelize([(i, task_json(t)) for i, t in enumerate(tasks)], max(1, len(tasks)))
+    log.info("reading %d files as %d tasks (%d splits of up to %d MiB)", len(files), len(tasks),
+             sum(len(t) for t in tasks), cfg.source.split_bytes >> 20)
+    return Feed(spark.createDataFrame(rdd, "task int, splits string"), line_records(cfg, opener_for(cfg)))
+
+
+def parquet_feed(spark, cfg: CorpusConfig, files: list[dict[str, Any]]) -> Feed:
+    """Parquet through Spark's own reader: only the text column (and each row's file and index) is
+    read, row groups spread over tasks. The split of the files into tasks depends on the files and
+    ``publish.spark_partitions`` only (not on the cluster's cores), so a re-run packs alike."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    spark.conf.set("spark.sql.files.minPartitionNum", str(cfg.publish.spark_partitions))
+    df = spark.read.parquet(*[f["path"] for f in files])
+    field, absent = cfg.source.text_field, ""
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    if fields.get(field) == StringType():
+        value = F.col(f"`{field}`")
+    else:
+        absent = (f"of type {fields[field].simpleString()}" if field in fields
+                  else f"absent (columns: {', '.join(df.columns)})")
+        value = F.lit(None).cast("string")
+    rows = df.select(F.col("_metadata.file_path").alias("source"), F.col("_metadata.row_index").alias("pos"),
+                     value.alias("value"))
+    return Feed(rows, parquet_records(field, absent))
+
+
+def feeds(spark, cfg: CorpusConfig, files: list[dict[str, Any]]) -> list[Feed]:
+    """A run's feeds; the first holds every record that can be kept. A file that is no Parquet is
+    one ``corrupt_file`` record, read by a task of its own."""
+    if cfg.source.format != "parquet":
+        return [task_feed(spark, cfg, files)]
+    good, bad = [f for f in files if not f.get("corrupt")], [f for f in files if f.get("corrupt")]
+    return ([parquet_feed(spark, cfg, good)] if good else []) + ([task_feed(spark, cfg, bad)] if bad else [])
+
+
+def index_batches(records: Callable[..., Iterator[Any]], cfg: CorpusConfig, progress: Any = None):
+    """mapInArrow function of the index pass: a feed's rows → one index row per record."""
+    c = cfg.clean
     read_acc, docs_acc = (progress.bytes_read, progress.docs) if progress is not None else (None, None)
 
     def run(batches):
@@ -123,129 +205,68 @@ def parse_splits(cfg: CorpusConfig, max_bytes: int, progress: Any = None):
 
         from spark_jobs.steps import clean
 
-        rows: dict[str, list] = {k: [] for k in COLUMNS}
+        schema = pa.schema([("source", pa.string()), ("pos", pa.int64()), ("reason", pa.string()),
+                            ("detail", pa.string()), ("raw", pa.binary()), ("digest", pa.binary())])
+        rows: dict[str, list] = {k: [] for k in INDEX_COLUMNS}
         size = 0
-        for batch in batches:
-            for split in batch.to_pylist():
-                for p in split_records(Split(**split), src.format, src.text_field, max_bytes, opener):
-                    p = clean(p, c.normalization, c.min_chars, c.max_chars)
-                    for k in COLUMNS:
-                        rows[k].append(getattr(p, k))
-                    if p.reason is None:
-                        rows["raw"][-1] = None  # only the quarantine needs the raw bytes
-                    size += len(p.text or "") + len(p.raw or b"")
-                    if len(rows["pos"]) >= BATCH_ROWS or size >= BATCH_BYTES:
-                        if docs_acc is not None:
-                            docs_acc.add(len(rows["pos"]))
-                        yield pa.RecordBatch.from_pydict(rows, schema=parsed_arrow_schema())
-                        rows, size = {k: [] for k in COLUMNS}, 0
-                if read_acc is not None:
-                    read_acc.add(split["end"] - split["start"])
-        if rows["pos"]:
-            if docs_acc is not None:
-                docs_acc.add(len(rows["pos"]))
-            yield pa.RecordBatch.from_pydict(rows, schema=parsed_arrow_schema())
+        for p in records(batches, read_acc):
+            p = clean(p, c.normalization, c.min_chars, c.max_chars)
+            p.raw = p.raw if p.reason is not None else None  # only the quarantine needs the raw bytes
+            for k in INDEX_COLUMNS:
+                rows[k].append(getattr(p, k))
+            size += len(p.raw or b"") + len(p.source)
+            if len(rows["pos"]) >= BATCH_ROWS or size >= BATCH_BYTES:
+                if docs_acc is not None:
+                    docs_acc.add(len(rows["pos"]))
+                yield pa.RecordBatch.from_pydict(rows, schema=schema)
+                rows, size = {k: [] for k in INDEX_COLUMNS}, 0
+        if docs_acc is not None:
+            docs_acc.add(len(rows["pos"]))
+        yield pa.RecordBatch.from_pydict(rows, schema=schema)
     return run
 
 
-def parsed_arrow_schema():
-    import pyarrow as pa
-
-    return pa.schema([("source", pa.string()), ("pos", pa.int64()), ("text", pa.string()),
-                      ("reason", pa.string()), ("detail", pa.string()), ("raw", pa.binary()),
-                      ("digest", pa.binary())])
-
-
-def read_lines(spark, cfg: CorpusConfig, files: list[dict[str, Any]], progress: Any = None):
-    """JSONL/text: one task per split (byte range, or a whole compressed file), records streamed."""
-    splits = split_rows(plan_splits(files, cfg.source.split_bytes))
-    rdd = spark.sparkContext.parallelize([tuple(s.values()) for s in splits], max(1, len(splits)))
-    df = spark.createDataFrame(rdd, "path string, start long, end long, corrupt string")
-    max_bytes = cfg.clean.max_chars * 4 + 4  # UTF-8: at most 4 bytes a character
-    log.info("reading %d files as %d splits of up to %d MiB", len(files), len(splits), cfg.source.split_bytes >> 20)
-    return df.mapInArrow(parse_splits(cfg, max_bytes, progress), PARSED_SCHEMA)
-
-
-def parse_parquet(cfg: CorpusConfig, absent: str):
-    """mapInArrow function: projected Parquet rows (source, pos, value) → parsed records."""
-    src, c = cfg.source, cfg.clean
-
-    def run(batches):
-        import pyarrow as pa
-
-        from spark_jobs.steps import clean, parquet_record
-
-        for batch in batches:
-            rows: dict[str, list] = {k: [] for k in COLUMNS}
-            for source, pos, value in zip(*(batch.column(k).to_pylist() for k in ("source", "pos", "value")),
-                                          strict=True):
-                record = parquet_record(canonical(source), pos, value, src.text_field, absent)
-                p = clean(record, c.normalization, c.min_chars, c.max_chars)
-                for k in COLUMNS:
-                    rows[k].append(getattr(p, k))
-                if p.reason is None:
-                    rows["raw"][-1] = None
-            yield pa.RecordBatch.from_pydict(rows, schema=parsed_arrow_schema())
-    return run
-
-
-def read_parquet(spark, cfg: CorpusConfig, files: list[dict[str, Any]], progress: Any = None):
-    """Parquet through Spark's own reader: only the text column (and each row's file and index) is
-    read, row groups spread over tasks. A file that is no Parquet is one ``corrupt_file`` record."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType
-
-    good, bad = [f for f in files if not f.get("corrupt")], [f for f in files if f.get("corrupt")]
-    parts = [read_lines(spark, cfg, bad)] if bad else []
-    if good:
-        df = spark.read.parquet(*[f["path"] for f in good])
-        field, absent = cfg.source.text_field, ""
-        fields = {f.name: f.dataType for f in df.schema.fields}
-        if fields.get(field) == StringType():
-            value = F.col(f"`{field}`")
-        else:
-            absent = (f"of type {fields[field].simpleString()}" if field in fields
-                      else f"absent (columns: {', '.join(df.columns)})")
-            value = F.lit(None).cast("string")
-        rows = df.select(F.col("_metadata.file_path").alias("source"), F.col("_metadata.row_index").alias("pos"),
-                         value.alias("value"))
-        parts.append(rows.mapInArrow(parse_parquet(cfg, absent), PARSED_SCHEMA))
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
+def read_index(spark, cfg: CorpusConfig, files: list[dict[str, Any]], progress: Any = None):
+    """Every input record, each either kept or dropped with its reason (no text)."""
+    if progress is not None:
+        progress.total_bytes = sum(f["bytes"] for f in files)
+    out = None
+    for feed in feeds(spark, cfg, files):
+        frame = feed.frame.mapInArrow(index_batches(feed.records, cfg, progress), INDEX_SCHEMA)
+        out = frame if out is None else out.unionByName(frame)
     return out
 
 
-def read_parsed(spark, cfg: CorpusConfig, files: list[dict[str, Any]], progress: Any = None):
-    """Every input record, each either kept (text) or dropped (reason)."""
-    if progress is not None:
-        progress.total_bytes = sum(f["bytes"] for f in files)
-    if cfg.source.format == "parquet":
-        return read_parquet(spark, cfg, files, progress)
-    return read_lines(spark, cfg, files, progress)
-
-
-BROADCAST_DUPLICATES = 500_000
-"""Up to this many duplicated texts, their first places are broadcast to the tasks (no text moves)."""
-
-
-def mark_duplicates(parsed):
+def mark_duplicates(index):
     """Exact dedup that shuffles hashes, not texts: of records with the same digest the first by
-    (source, pos) is kept; the others become ``duplicate``."""
+    (source, pos) is kept; the others become ``duplicate``. Spark's adaptive execution broadcasts
+    the duplicated digests when they are few and sort-merges them when they are many."""
     from pyspark.sql import functions as F
 
     from spark_jobs.steps import DUPLICATE
 
-    firsts = (parsed.filter(F.col("reason").isNull()).select("digest", F.struct("source", "pos").alias("at"))
+    firsts = (index.filter(F.col("reason").isNull()).select("digest", F.struct("source", "pos").alias("at"))
               .groupBy("digest").agg(F.count("*").alias("n"), F.min("at").alias("first"))
               .filter(F.col("n") > 1)
-              .select("digest", F.col("first.source").alias("_src"), F.col("first.pos").alias("_pos"))).cache()
-    small = firsts.count() <= BROADCAST_DUPLICATES
-    joined = parsed.join(F.broadcast(firsts) if small else firsts, "digest", "left")
+              .select("digest", F.col("first.source").alias("_src"), F.col("first.pos").alias("_pos")))
+    joined = index.join(firsts, "digest", "left")
     dup = (F.col("reason").isNull() & F.col("_src").isNotNull()
            & ~((F.col("source") == F.col("_src")) & (F.col("pos") == F.col("_pos"))))
     return (joined.withColumn("reason", F.when(dup, F.lit(DUPLICATE)).otherwise(F.col("reason")))
             .withColumn("detail", F.when(dup, F.concat(F.lit("same text as "), F.col("_src"), F.lit(" at "),
                                                        F.col("_pos").cast("string")))
                         .otherwise(F.col("detail")))
-            .select(*COLUMNS))
+            .select(*INDEX_COLUMNS))
+
+
+def duplicate_skips(marked) -> Any:
+    """The duplicates' places, for the pack pass to leave out: 8 bytes each through the driver."""
+    import numpy as np
+    from pyspark.sql import functions as F
+
+    from spark_jobs.steps import DUPLICATE, Skips
+
+    table = marked.filter(F.col("reason") == DUPLICATE).select("source", "pos").toArrow()
+    sources = table.column("source").combine_chunks().dictionary_encode()
+    return Skips.of(sources.dictionary.to_pylist(), np.asarray(sources.indices, dtype=np.int64),
+                    np.asarray(table.column("pos"), dtype=np.int64))

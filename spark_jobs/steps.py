@@ -108,6 +108,32 @@ def _raw(p: Parsed) -> bytes:
     return p.raw if p.raw is not None else (p.text or "").encode("utf-8")
 
 
+class Skips:
+    """Records to leave out of the pack pass, by (source, pos): the duplicates the dedup found.
+    Sorted positions per source file, 8 bytes a record, looked up by bisection."""
+
+    def __init__(self, by_source: dict[str, np.ndarray] | None = None) -> None:
+        self._by = by_source or {}
+
+    @classmethod
+    def of(cls, names: list[str], codes: np.ndarray, positions: np.ndarray) -> Skips:
+        """``codes[i]`` indexes ``names``: record i is at ``(names[codes[i]], positions[i])``."""
+        order = np.lexsort((positions, codes))
+        codes, positions = codes[order], positions[order]
+        bounds = np.searchsorted(codes, np.arange(len(names) + 1))
+        return cls({n: positions[bounds[i]:bounds[i + 1]] for i, n in enumerate(names) if bounds[i + 1] > bounds[i]})
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self._by.values())
+
+    def __contains__(self, key: tuple[str, int]) -> bool:
+        arr = self._by.get(key[0])
+        if arr is None:
+            return False
+        i = int(np.searchsorted(arr, key[1]))
+        return i < len(arr) and int(arr[i]) == key[1]
+
+
 @dataclass(slots=True)
 class Packed:
     tokens: np.ndarray

@@ -5,10 +5,11 @@ Submitted with ``spark-submit spark_jobs/tokenize_publish.py --corpus corpora/<n
 comes from ``$STOKER_KAFKA_CONFIG`` (JSON), never from the command line, so secrets stay out of
 process listings.
 
-Stages (``run_job``): ``prepare`` (preflight and the lineage scan) → ``stage`` (streaming,
-splittable read and parse, spark_jobs/read.py; exact dedup that shuffles hashes) → ``quarantine``
-→ ``pack_publish`` → ``build_manifest``. Memory per task is bounded by a batch whatever the file
-sizes; the driver logs the job's progress (spark_jobs/progress.py).
+Stages (``run_job``): ``prepare`` (preflight and the lineage scan) → ``stage`` (the index pass:
+streaming, splittable read and parse, spark_jobs/read.py; exact dedup that shuffles hashes) →
+``quarantine`` → ``pack_publish`` (the pack pass reads the records again and tokenises the kept
+ones; no text is shuffled or persisted) → ``build_manifest``. Memory per task is bounded by a batch
+whatever the file sizes; the driver logs the job's progress (spark_jobs/progress.py).
 
 Delivery is exactly-once for read_committed consumers: one Kafka transaction per Spark partition,
 fenced on retry (spark_jobs/publish.py). The manifest is written last and atomically: it is the
@@ -37,38 +38,58 @@ from stoker.manifest import Manifest, PartitionRange, sha256_file, write_manifes
 
 log = logging.getLogger("stoker.tokenize_publish")
 
-def pack_publish_batches(*, cfg: CorpusConfig, tokenizer: Any, topic: str, run_id: str, dtype: str,
-                         kafka_config: dict[str, Any], fail: tuple[int, int] | None, tokens_acc: Any = None):
-    """mapInArrow function: the kept documents of one Spark partition → one summary row."""
+ENCODE_BATCH = 1024
+"""Documents a pack task hands the tokenizer at once."""
+
+
+def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, skips: Any, topic: str, run_id: str,
+                         dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None):
+    """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary."""
     seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
     nparts, compression = cfg.topic.partitions, cfg.topic.compression
-    eos, pad = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token
+    eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
+    read_acc, docs_acc, tokens_acc = ((progress.bytes_read, progress.docs, progress.tokens) if progress is not None
+                                      else (None, None, None))
 
     def run(batches):
         import pyarrow as pa
         from pyspark import TaskContext
 
         from spark_jobs.publish import TaskSummary, publish_partition
-        from spark_jobs.steps import Packer
+        from spark_jobs.steps import Packer, clean
         from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
 
         ctx = TaskContext.get()
         assert ctx is not None, "runs inside a Spark task"
         sp, attempt = ctx.partitionId(), ctx.attemptNumber()
-        text, digest = tokenizer.value
-        tok = tokenizer_from_json(text, digest)
+        tok, skip = tokenizer_from_json(*tokenizer.value), skips.value
         packer = Packer(seq_len=seq_len, eos_id=token_id(tok, eos, "eos_token"),
                         pad_id=token_id(tok, pad, "pad_token"))
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
 
-        def sequences():
+        def pack(texts: list[str], sources: list[str]):
             by_source = summary.source_tokens
-            for batch in batches:
-                texts, sources = batch.column("text").to_pylist(), batch.column("source").to_pylist()
-                summary.docs += len(texts)
-                for ids, src in zip(encode_batch(tok, texts), sources, strict=True):
-                    by_source[src] = by_source.get(src, 0) + len(ids) + 1  # + its EOS
-                    yield from packer.add(ids)
+            summary.docs += len(texts)
+            for ids, src in zip(encode_batch(tok, texts), sources, strict=True):
+                by_source[src] = by_source.get(src, 0) + len(ids) + 1  # + its EOS
+                yield from packer.add(ids)
+            if docs_acc is not None:
+                docs_acc.add(len(texts))
+            texts.clear()
+            sources.clear()
+
+        def sequences():
+            texts: list[str] = []
+            sources: list[str] = []
+            for p in records(batches, read_acc):
+                p = clean(p, c.normalization, c.min_chars, c.max_chars)
+                if p.reason is not None or (p.source, p.pos) in skip:
+                    continue
+                texts.append(p.text or "")
+                sources.append(p.source)
+                if len(texts) == ENCODE_BATCH:
+                    yield from pack(texts, sources)
+            yield from pack(texts, sources)
             yield from packer.flush()
             summary.tokens, summary.padding = packer.tokens, packer.padding
             if tokens_acc is not None:
@@ -105,12 +126,14 @@ class RunInputs:
 
 @dataclass(slots=True)
 class Staged:
-    """Every input record, kept or dropped with a reason, and the counts by source file and reason."""
+    """Every input record, kept or dropped with a reason (the index: no text), and the counts by
+    source file and reason."""
 
     frame: Any
     by_source: dict[str, dict[str | None, int]]
     """source → reason (None = kept) → records."""
-    parsed: Any = None
+    index: Any = None
+    """The index before dedup (persisted, when dedup marks a second frame)."""
 
     @property
     def counts(self) -> dict[str | None, int]:
@@ -130,8 +153,8 @@ class Staged:
 
     def unpersist(self) -> None:
         self.frame.unpersist()
-        if self.parsed is not None:
-            self.parsed.unpersist()
+        if self.index is not None:
+            self.index.unpersist()
 
 
 def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dict[str, Any]) -> RunInputs:
@@ -162,19 +185,18 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
 
 
 def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> Staged:
-    """Read, validate, normalise and (optionally) dedup: every record kept or dropped with a reason."""
+    """The index pass: read, validate, normalise and (optionally) dedup; every record kept or
+    dropped with a reason. What is persisted is the index (place, reason, digest), never text."""
     from pyspark import StorageLevel
 
-    from spark_jobs.read import mark_duplicates, read_parsed
+    from spark_jobs.read import mark_duplicates, read_index
 
-    parsed = read_parsed(spark, cfg, inputs.files, progress)
-    if cfg.clean.dedup:
-        parsed = parsed.persist(StorageLevel.DISK_ONLY)  # read once: the dedup pass and the join use it
-    frame = (mark_duplicates(parsed) if cfg.clean.dedup else parsed).persist(StorageLevel.DISK_ONLY)
+    index = read_index(spark, cfg, inputs.files, progress).persist(StorageLevel.DISK_ONLY)
+    frame = mark_duplicates(index).persist(StorageLevel.DISK_ONLY) if cfg.clean.dedup else index
     by_source: dict[str, dict[str | None, int]] = {}
     for r in frame.groupBy("source", "reason").count().collect():
         by_source.setdefault(r["source"], {})[r["reason"]] = r["count"]
-    return Staged(frame=frame, by_source=by_source, parsed=parsed if cfg.clean.dedup else None)
+    return Staged(frame=frame, by_source=by_source, index=index if cfg.clean.dedup else None)
 
 
 def quarantine(staged: Staged, run: RunLayout) -> Path:
@@ -187,12 +209,14 @@ def quarantine(staged: Staged, run: RunLayout) -> Path:
     return run.quarantine
 
 
-def pack_publish(staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: str, kafka_config: dict[str, Any],
-                 fail: tuple[int, int] | None, tokens_acc: Any = None) -> list[Any]:
-    """Tokenise, pack and publish the kept documents, one Kafka transaction per Spark partition."""
-    from pyspark.sql import functions as F
-
+def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: str,
+                 kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None) -> list[Any]:
+    """The pack pass: read the records again, tokenise, pack and publish the kept ones, one Kafka
+    transaction per task. A task packs its records in file order, so a re-run of the night publishes
+    the same sequences under the same keys."""
     from spark_jobs.publish import TaskSummary
+    from spark_jobs.read import duplicate_skips, feeds
+    from spark_jobs.steps import Skips
 
     # The topic name belongs to this attempt: anything under it is left from an earlier run of the
     # same name (a re-run date, a reset metadata DB) and must not mix with this run's sequences.
@@ -200,14 +224,16 @@ def pack_publish(staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: st
                           topic_config(cfg))
     skafka.recreate_topic(kafka_config, tasks_topic(topic), 1, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
-    kept = (staged.frame.filter(F.col("reason").isNull()).select("digest", "source", "pos", "text")
-            .repartition(cfg.publish.spark_partitions, "digest").sortWithinPartitions("source", "pos"))
+    skips = duplicate_skips(staged.frame) if cfg.clean.dedup else Skips()
+    log.info("pack pass: %d duplicates left out", len(skips))
+    feed = feeds(spark, cfg, inputs.files)[0]
     # the tokenizer travels with the job (a broadcast), so executors on other hosts need no shared path
-    sc = staged.frame.sparkSession.sparkContext
+    sc = spark.sparkContext
     tokenizer = sc.broadcast((Path(inputs.tokenizer_path).read_text(), inputs.tokenizer_sha256))
-    fn = pack_publish_batches(cfg=cfg, tokenizer=tokenizer, topic=topic, run_id=inputs.run_id,
-                              dtype=inputs.dtype, kafka_config=kafka_config, fail=fail, tokens_acc=tokens_acc)
-    return [TaskSummary.from_json(r["summary"]) for r in kept.mapInArrow(fn, "summary string").collect()]
+    fn = pack_publish_batches(cfg=cfg, records=feed.records, tokenizer=tokenizer, skips=sc.broadcast(skips),
+                              topic=topic, run_id=inputs.run_id, dtype=inputs.dtype, kafka_config=kafka_config,
+                              fail=fail, progress=progress)
+    return [TaskSummary.from_json(r["summary"]) for r in feed.frame.mapInArrow(fn, "summary string").collect()]
 
 
 def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInputs, staged: Staged,
@@ -273,7 +299,7 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         staged = stage(spark, cfg, inputs, progress)
         quarantined = quarantine(staged, run)
         progress.set_phase("tokenise, pack, publish")
-        summaries = pack_publish(staged, cfg, inputs, topic, kafka_config, fail, progress.tokens)
+        summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress)
         staged.unpersist()
     manifest = build_manifest(spark, cfg, ds, topic, inputs, staged, summaries, quarantined, kafka_config, t0)
     if sum(s.docs for s in summaries) != manifest.docs_kept:

@@ -69,3 +69,12 @@ def test_a_parquet_row_is_a_record_and_a_bad_one_keeps_its_value():
     assert steps.clean(steps.parquet_record("f", 3, "", "text"), "NFC", 1, 100).reason == steps.EMPTY_TEXT
     absent = steps.parquet_record("f", 0, None, "body", absent="absent (columns: text, id)")
     assert "absent (columns: text, id)" in absent.detail
+
+
+def test_skips_find_exactly_the_duplicates_places():
+    names = ["file:/a.jsonl", "file:/b.jsonl"]
+    skips = steps.Skips.of(names, np.array([1, 0, 1, 0]), np.array([70, 5, 3, 900]))
+    assert len(skips) == 4
+    assert {("file:/a.jsonl", 5), ("file:/a.jsonl", 900), ("file:/b.jsonl", 3), ("file:/b.jsonl", 70)} == {
+        k for k in [(n, p) for n in [*names, "file:/c"] for p in range(1000)] if k in skips}
+    assert ("file:/a.jsonl", 6) not in steps.Skips()

@@ -5,7 +5,7 @@
   byte is in (Hadoop's rule): a range that starts inside a line skips to the next one.
 * ``.gz`` and ``.zst`` files are decompressed as a stream, one task per file.
 * Parquet goes through Spark's own reader, projected to the text column, row groups spread over
-  tasks (see :func:`read_parquet`).
+  tasks (see :mod:`spark_jobs.read`).
 
 Every record keeps its exact raw bytes and a stable location: the file and ``pos``, the byte
 offset of the record's first byte in the (decompressed) file, or the row index of a Parquet file.
@@ -56,6 +56,27 @@ def plan_splits(files: list[dict[str, Any]], split_bytes: int) -> list[Split]:
             continue
         out += [Split(path, s, min(s + split_bytes, size)) for s in range(0, size, split_bytes)]
     return out
+
+
+def plan_tasks(files: list[dict[str, Any]], split_bytes: int, min_tasks: int = 1) -> list[list[Split]]:
+    """The job's tasks: consecutive splits of about ``min(split_bytes, total / min_tasks)`` bytes each.
+
+    A big file is cut over several tasks, small files share one, so a drop of many small files does
+    not become as many tiny Kafka transactions, and a small drop still keeps ``min_tasks`` cores busy.
+    The plan depends only on the files and the settings: the same night gives the same tasks, so the
+    same sequences under the same keys, on any cluster.
+    """
+    total = sum(int(f["bytes"]) for f in files)
+    target = max(min(split_bytes, -(-total // max(min_tasks, 1))), 1)
+    tasks: list[list[Split]] = []
+    size = target
+    for s in plan_splits(files, target):
+        if size + (s.end - s.start) > target:
+            tasks.append([])
+            size = 0
+        tasks[-1].append(s)
+        size += s.end - s.start
+    return tasks
 
 
 # -- opening files wherever they live ---------------------------------------------------------------
@@ -248,5 +269,8 @@ def split_records(split: Split, fmt: str, text_field: str, max_bytes: int,
             yield parse_line(split.path, pos, line, fmt, text_field)
 
 
-def split_rows(splits: list[Split]) -> list[dict[str, Any]]:
-    return [asdict(s) for s in splits]
+def task_json(splits: list[Split]) -> str:
+    """One task's splits as the JSON its row carries to the executor."""
+    import json
+
+    return json.dumps([asdict(s) for s in splits])

@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from spark_jobs import steps
-from spark_jobs.reading import BOM, plan_splits, scan_file, split_records
+from spark_jobs.streams import BOM, Split, plan_splits, plan_tasks, scan_file, split_records
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +77,26 @@ def test_compressed_files_stream_and_a_corrupt_one_is_one_record(tmp_path):
     assert scan["corrupt"] and "gzip" in scan["corrupt"] and scan["bytes"] == bad.stat().st_size
     got = _records(bad, bad.stat().st_size, 10)
     assert len(got) == 1 and got[0].reason == steps.CORRUPT_FILE and got[0].raw == bad.read_bytes()[:4096]
+
+
+def test_tasks_cut_big_files_group_small_ones_and_cover_every_byte_once():
+    files = [{"path": "big.jsonl", "bytes": 1000}, {"path": "c.jsonl.zst", "bytes": 300}]
+    files += [{"path": f"s{i}.jsonl", "bytes": 10} for i in range(30)]
+    tasks = plan_tasks(files, split_bytes=256, min_tasks=2)
+    covered: dict[str, list[tuple[int, int]]] = {}
+    for t in tasks:
+        for s in t:
+            covered.setdefault(s.path, []).append((s.start, s.end))
+    for f in files:  # every byte of every file in exactly one task, in order
+        spans = covered[f["path"]]
+        assert spans[0][0] == 0 and spans[-1][1] == f["bytes"]
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert covered["c.jsonl.zst"] == [(0, 300)]  # a compressed file is never cut
+    assert len(covered["big.jsonl"]) == 4  # 1000 bytes in ranges of 256
+    assert max(len(t) for t in tasks) >= 10  # small files share a task: not 30 tiny transactions
+    assert plan_tasks(files, 256, 2) == tasks  # the plan is a function of the files and settings
+
+
+def test_a_small_drop_still_gets_min_tasks():
+    tasks = plan_tasks([{"path": "a.jsonl", "bytes": 4000}], split_bytes=64 << 20, min_tasks=4)
+    assert [t for t in tasks] == [[Split("a.jsonl", i * 1000, (i + 1) * 1000)] for i in range(4)]
