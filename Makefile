@@ -34,7 +34,8 @@ help:
 	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
 	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap; folder vs S3 vs HDFS;"
-	@echo "            a 300 MB shard through tokenize_publish at default settings (peak memory, vs raw)"
+	@echo "            the publish step vs Kafka's ProducerPerformance; a 2.8 GB generated corpus (a 2.2 GB file,"
+	@echo "            many small, .zst, Parquet) through tokenize_publish at default settings (~40 min)"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
 	@echo "make down   stop exactly what make up started"
 	@echo "make lint   ruff + mypy on the core"
@@ -126,7 +127,8 @@ bench: setup test-servers
 	$(BIN)/python bench/tokenize_bench.py
 	$(BIN)/python bench/source_bench.py
 	$(BIN)/python bench/store_bench.py
-	$(BIN)/python bench/scale_bench.py --mb 300
+	$(BIN)/python bench/publish_bench.py
+	$(BIN)/python bench/scale_bench.py --shape mixed
 
 up: setup stack-deps
 	$(BIN)/stoker up

@@ -1,15 +1,18 @@
-"""The Spark stage at real sizes: one big JSONL shard through tokenize_publish at the default settings,
-next to raw ``tokenizers`` encode_batch with JSON parsing on the same file and cores.
+"""The Spark stage at real sizes through tokenize_publish at the default settings, next to raw
+``tokenizers`` encode_batch with parsing on the same files and cores.
 
-    .stoker/venv/bin/python bench/scale_bench.py [--mb 300] [--files 1]
+    .stoker/venv/bin/python bench/scale_bench.py [--shape mixed|single] [--big-mb 2200]
 
-Makes a deterministic corpus (``--files`` JSONL files of ``--mb`` MB in all; every document distinct,
-from the sample corpus's texts with a counter), runs ``spark-submit spark_jobs/tokenize_publish.py``
-with the operator's default Spark settings against the embedded broker, and samples the resident
-memory of every process of that run (JVM, Python workers) twice a second. The raw side reads the same
-files line by line in one process, ``json.loads`` each line and tokenises with ``encode_batch`` (its own
-thread pool over every core). Prints tokens/s of each, their ratio, the peak memory, and how the
-stage's time split (from its progress lines). Needs `make setup`; the broker is started if needed.
+Makes a deterministic corpus offline (``--shape mixed``: one plain JSONL file of 2.2 GB, 200 files of
+1 MB, 320 MB of ``.jsonl.zst`` in 40 MB files, and a Parquet corpus of 300 MB of text in 4 files with
+extra columns; ``single``: one 300 MB file). Documents are the sample corpus's texts with a counter:
+one in 50 repeats an earlier one exactly, one in 1000 is broken JSON. Each format runs
+``spark-submit spark_jobs/tokenize_publish.py`` with the operator's default Spark settings against
+the embedded broker, sampling the resident memory of every process of that run (JVM, Python
+workers) twice a second. The raw side reads the same files in one process (``json.loads`` each line,
+or the Parquet text column) and tokenises with ``encode_batch`` (its own thread pool over every
+core). Prints tokens/s of each, their ratio, the peak memory, and how the stage's time split (from
+its progress lines). Needs `make setup`; the broker is started if needed.
 """
 
 from __future__ import annotations
@@ -30,21 +33,100 @@ from stoker.layout import RunLayout
 from stoker.local import broker, sample
 
 
-def make_corpus(folder: Path, mb: int, files: int) -> int:
-    """Distinct documents (a counter keeps dedup from dropping repeats) up to ``mb`` MB."""
+def documents(start: int = 0):
+    """Endless JSONL lines, deterministic: distinct texts (the sample's with a counter), one in 50 an exact
+    repeat of an earlier one (dedup's work at scale), one in 1000 broken JSON (the quarantine's)."""
     texts = list(sample.texts(paths.state_dir() / "data" / "sample"))
-    folder.mkdir(parents=True, exist_ok=True)
-    per_file, n = mb * 1_000_000 // files, 0
-    for f in range(files):
+    n = start
+    while True:
+        if n % 1000 == 999:
+            yield n, None
+        else:
+            m = n - 49 if n % 50 == 49 else n
+            yield n, f"{texts[m % len(texts)]}\n[{m}]"
+        n += 1
+
+
+def _line(n: int, text: str | None) -> bytes:
+    return (json.dumps({"id": n, "text": text}) if text is not None else f'{{"id": {n}, "text": "broken').encode()
+
+
+def write_jsonl(path: Path, docs, mb: float) -> None:
+    """A JSONL file of about ``mb`` MB of uncompressed text (``.zst``: compressed as it is written)."""
+    raw = open(path, "wb")  # noqa: SIM115 - closed below, through the compressor when there is one
+    out = raw
+    if path.suffix == ".zst":
+        import zstandard
+
+        out = zstandard.ZstdCompressor(level=3).stream_writer(raw)
+    size = 0
+    while size < mb * 1e6:
+        line = _line(*next(docs)) + b"\n"
+        out.write(line)
+        size += len(line)
+    out.close()
+    if not raw.closed:
+        raw.close()
+
+
+def write_parquet(path: Path, docs, mb: float, rows_per_group: int = 50_000) -> None:
+    """Parquet with the text column among others (a projection reads only ``text``); broken rows are
+    null texts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with pq.ParquetWriter(path, pa.schema([("id", pa.int64()), ("text", pa.string()),
+                                           ("url", pa.string())])) as w:
         size = 0
-        with open(folder / f"shard-{f:05d}.jsonl", "wb") as out:
-            while size < per_file:
-                line = json.dumps({"id": n, "text": f"{texts[n % len(texts)]}\n[{n}]"}).encode() + b"\n"
-                out.write(line)
-                size += len(line)
-                n += 1
+        while size < mb * 1e6:
+            rows = [next(docs) for _ in range(rows_per_group)]
+            ids, texts = [r[0] for r in rows], [r[1] for r in rows]
+            size += sum(len(t or "") for t in texts)
+            w.write_table(pa.table({"id": ids, "text": texts, "url": [f"https://example.org/{i}" for i in ids]}))
+
+
+def make_corpus(folder: Path, shape: dict[str, float]) -> None:
+    """``shape``: the MB of one big plain file, of ``small`` 1 MB files, of ``zst`` .zst files of 40 MB
+    (decompressed), and of Parquet (a folder of its own: a corpus has one format)."""
+    docs = documents()
+    folder.mkdir(parents=True, exist_ok=True)
+    if shape.get("big"):
+        write_jsonl(folder / "big-00000.jsonl", docs, shape["big"])
+    for i in range(int(shape.get("small", 0))):
+        write_jsonl(folder / f"small-{i:05d}.jsonl", docs, 1)
+    for i in range(int(shape.get("zst", 0) // 40)):
+        write_jsonl(folder / f"part-{i:05d}.jsonl.zst", docs, 40)
     (folder / "_SUCCESS").write_text("")
-    return n
+    if shape.get("parquet"):
+        pq_folder = folder.parent / (folder.name + "-parquet")
+        pq_folder.mkdir(exist_ok=True)
+        for i in range(4):
+            write_parquet(pq_folder / f"part-{i:05d}.parquet", docs, shape["parquet"] / 4)
+        (pq_folder / "_SUCCESS").write_text("")
+
+
+def texts_of(path: Path):
+    """What the raw baseline reads: the text of each record (the same parse a user's loader does)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        f = pq.ParquetFile(path)
+        for g in range(f.num_row_groups):
+            yield from (t for t in f.read_row_group(g, columns=["text"]).column("text").to_pylist() if t)
+        return
+    stream = open(path, "rb")  # noqa: SIM115 - closed below
+    if path.suffix == ".zst":
+        import io
+
+        import zstandard
+
+        stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(stream))
+    with stream:
+        for line in stream:
+            try:
+                yield json.loads(line)["text"]
+            except json.JSONDecodeError:
+                continue
 
 
 def raw_tokens_per_s(folder: Path, tokenizer: str, batch: int = 2048) -> tuple[int, float]:
@@ -52,13 +134,12 @@ def raw_tokens_per_s(folder: Path, tokenizer: str, batch: int = 2048) -> tuple[i
 
     tok = Tokenizer.from_file(tokenizer)
     t0, n, texts = time.perf_counter(), 0, []
-    for p in sorted(folder.glob("*.jsonl")):
-        with open(p, "rb") as f:
-            for line in f:
-                texts.append(json.loads(line)["text"])
-                if len(texts) == batch:
-                    n += sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
-                    texts = []
+    for p in sorted(x for x in folder.iterdir() if not x.name.startswith("_")):
+        for text in texts_of(p):
+            texts.append(text)
+            if len(texts) == batch:
+                n += sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
+                texts = []
     if texts:
         n += sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
     return n, time.perf_counter() - t0
@@ -94,19 +175,20 @@ class PeakRss(threading.Thread):
         return self.peak
 
 
-def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str) -> tuple[dict, float, int, str]:
+def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str) -> tuple[dict, float, int, str]:
     from stoker_airflow.operators import default_spark_conf
 
     corpus = workdir / "bench.yaml"
     corpus.write_text(json.dumps({
-        "name": "bench", "source": {"uri": str(folder), "format": "jsonl"},
+        "name": "bench", "source": {"uri": str(folder), "format": fmt},
         "tokenizer": {"path": tokenizer}, "pack": {"seq_len": 2048}, "topic": {"partitions": 4},
         "publish": {"spark_partitions": 4}}))
     conf = default_spark_conf()
     cmd = [str(paths.venv_bin("spark-submit")), "--master", "local[*]",
            *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
            str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"), "--corpus", str(corpus),
-           "--ds", "2026-12-01", "--topic", f"stoker.bench.{time.time_ns()}.a1", "--run-dir", str(workdir / "run")]
+           "--ds", "2026-12-01", "--topic", f"stoker.bench.{time.time_ns()}.a1",
+           "--run-dir", str(workdir / f"run-{fmt}")]
     env = {**os.environ, "STOKER_KAFKA_CONFIG": json.dumps({"bootstrap.servers": bootstrap}),
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     t0 = time.perf_counter()
@@ -118,7 +200,7 @@ def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str) -> tu
     if proc.returncode != 0:
         errors = [line for line in out.splitlines() if "Error" in line or "Exception:" in line][:10]
         sys.exit("tokenize_publish failed:\n" + "\n".join(errors) + "\n...\n" + out[-3000:])
-    manifest = json.loads(RunLayout(workdir / "run").manifest.read_text())
+    manifest = json.loads(RunLayout(workdir / f"run-{fmt}").manifest.read_text())
     return manifest, seconds, peak, out
 
 
@@ -134,26 +216,46 @@ def phases(log: str) -> str:
     return "; ".join(parts)
 
 
+SHAPES = {
+    "mixed": {"big": 2200, "small": 200, "zst": 320, "parquet": 300},
+    "single": {"big": 300},
+}
+
+
+def report(name: str, folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str) -> None:
+    files = [p for p in folder.iterdir() if not p.name.startswith("_")]
+    mb = sum(p.stat().st_size for p in files) / 1e6
+    m, stage_s, peak, log = run_stage(folder, workdir, tokenizer, bootstrap, fmt)
+    n_raw, raw_s = raw_tokens_per_s(folder, tokenizer)
+    spark_tps, raw_tps = (m["tokens"] - m["docs_kept"]) / stage_s, n_raw / raw_s  # without the EOS per doc
+    largest = max(p.stat().st_size for p in files) / 1e6
+    print(f"== {name}: {len(files)} files, {mb:,.0f} MB stored (largest {largest:,.0f} MB), {m['docs_in']:,} records, "
+          f"{m['docs_kept']:,} kept, dropped {m['docs_dropped']}; cores: {os.cpu_count()}")
+    print(f"tokenize_publish (spark-submit, defaults): {stage_s:7.1f} s  {spark_tps:12,.0f} tokens/s  "
+          f"({m['sequences']:,} sequences)  peak RSS {peak / 2**30:.2f} GiB")
+    print(f"raw encode_batch + parse                 : {raw_s:7.1f} s  {raw_tps:12,.0f} tokens/s")
+    print(f"ratio stage / raw                        : {spark_tps / raw_tps:.2f}x")
+    print(f"stage split: {phases(log)}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=int, default=300)
-    ap.add_argument("--files", type=int, default=1)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="mixed")
+    ap.add_argument("--big-mb", type=float, help="the big plain file's MB (overrides the shape's)")
     args = ap.parse_args()
+    shape = dict(SHAPES[args.shape])
+    if args.big_mb is not None:
+        shape["big"] = args.big_mb
     tokenizer = str(paths.state_dir() / "tokenizers" / "sample-bpe-8192" / "tokenizer.json")
     bootstrap = broker.up().bootstrap
     with tempfile.TemporaryDirectory(dir=paths.state_dir()) as tmp:
         folder = Path(tmp) / "night"
-        docs = make_corpus(folder, args.mb, args.files)
-        mb = sum(p.stat().st_size for p in folder.glob("*.jsonl")) / 1e6
-        m, stage_s, peak, log = run_stage(folder, Path(tmp), tokenizer, bootstrap)
-        n_raw, raw_s = raw_tokens_per_s(folder, tokenizer)
-    spark_tps, raw_tps = (m["tokens"] - m["docs_kept"]) / stage_s, n_raw / raw_s  # without the EOS per doc
-    print(f"corpus: {args.files} file(s), {mb:.0f} MB, {docs} documents; cores: {os.cpu_count()}")
-    print(f"tokenize_publish (spark-submit, defaults): {stage_s:7.1f} s  {spark_tps:12,.0f} tokens/s  "
-          f"({m['docs_kept']} docs kept, {m['sequences']} sequences)  peak RSS {peak / 2**30:.2f} GiB")
-    print(f"raw encode_batch + json.loads            : {raw_s:7.1f} s  {raw_tps:12,.0f} tokens/s")
-    print(f"ratio stage / raw                        : {spark_tps / raw_tps:.2f}x")
-    print(f"stage split: {phases(log)}")
+        t0 = time.perf_counter()
+        make_corpus(folder, shape)
+        print(f"corpus {shape} made in {time.perf_counter() - t0:.0f} s", flush=True)
+        report("JSONL (plain and .zst)", folder, Path(tmp), tokenizer, bootstrap, "jsonl")
+        if shape.get("parquet"):
+            report("Parquet", folder.parent / "night-parquet", Path(tmp), tokenizer, bootstrap, "parquet")
     return 0
 
 

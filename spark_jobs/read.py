@@ -237,36 +237,42 @@ def read_index(spark, cfg: CorpusConfig, files: list[dict[str, Any]], progress: 
     return out
 
 
-def mark_duplicates(index):
-    """Exact dedup that shuffles hashes, not texts: of records with the same digest the first by
-    (source, pos) is kept; the others become ``duplicate``. Spark's adaptive execution broadcasts
-    the duplicated digests when they are few and sort-merges them when they are many."""
+BROADCAST_DUPLICATES = 500_000
+"""Up to this many duplicated texts, their first places are broadcast to the tasks (the index is not shuffled)."""
+
+
+def find_duplicates(index, persisted: list[Any]):
+    """Exact dedup that shuffles hashes, not texts: of kept records with the same digest the first by
+    (source, pos) stays; the others are returned as ``duplicate`` records (source, pos, reason,
+    detail, raw). Frames it persists are added to ``persisted``."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from spark_jobs.steps import DUPLICATE
 
-    firsts = (index.filter(F.col("reason").isNull()).select("digest", F.struct("source", "pos").alias("at"))
+    kept = index.filter(F.col("reason").isNull())
+    groups = (kept.select("digest", F.struct("source", "pos").alias("at"))
               .groupBy("digest").agg(F.count("*").alias("n"), F.min("at").alias("first"))
               .filter(F.col("n") > 1)
-              .select("digest", F.col("first.source").alias("_src"), F.col("first.pos").alias("_pos")))
-    joined = index.join(firsts, "digest", "left")
-    dup = (F.col("reason").isNull() & F.col("_src").isNotNull()
-           & ~((F.col("source") == F.col("_src")) & (F.col("pos") == F.col("_pos"))))
-    return (joined.withColumn("reason", F.when(dup, F.lit(DUPLICATE)).otherwise(F.col("reason")))
-            .withColumn("detail", F.when(dup, F.concat(F.lit("same text as "), F.col("_src"), F.lit(" at "),
-                                                       F.col("_pos").cast("string")))
-                        .otherwise(F.col("detail")))
-            .select(*INDEX_COLUMNS))
+              .select("digest", F.col("first.source").alias("_src"), F.col("first.pos").alias("_pos"))
+              .persist(StorageLevel.MEMORY_AND_DISK))
+    persisted.append(groups)
+    n = groups.count()
+    log.info("dedup: %d texts occur more than once", n)
+    rows = kept.join(F.broadcast(groups) if n <= BROADCAST_DUPLICATES else groups, "digest")
+    return (rows.filter(~((F.col("source") == F.col("_src")) & (F.col("pos") == F.col("_pos"))))
+            .select("source", "pos", F.lit(DUPLICATE).alias("reason"),
+                    F.concat(F.lit("same text as "), F.col("_src"), F.lit(" at "), F.col("_pos").cast("string"))
+                    .alias("detail"), F.lit(None).cast("binary").alias("raw")))
 
 
-def duplicate_skips(marked) -> Any:
+def duplicate_skips(duplicates) -> Any:
     """The duplicates' places, for the pack pass to leave out: 8 bytes each through the driver."""
     import numpy as np
-    from pyspark.sql import functions as F
 
-    from spark_jobs.steps import DUPLICATE, Skips
+    from spark_jobs.steps import Skips
 
-    table = marked.filter(F.col("reason") == DUPLICATE).select("source", "pos").toArrow()
+    table = duplicates.select("source", "pos").toArrow()
     sources = table.column("source").combine_chunks().dictionary_encode()
     return Skips.of(sources.dictionary.to_pylist(), np.asarray(sources.indices, dtype=np.int64),
                     np.asarray(table.column("pos"), dtype=np.int64))

@@ -46,37 +46,33 @@ def is_compressed(path: str) -> bool:
     return path.endswith(COMPRESSED_SUFFIXES)
 
 
-def plan_splits(files: list[dict[str, Any]], split_bytes: int) -> list[Split]:
-    """Byte ranges of ``split_bytes`` for plain files; one split per compressed or corrupt file."""
-    out = []
+def plan_tasks(files: list[dict[str, Any]], split_bytes: int, min_tasks: int = 1) -> list[list[Split]]:
+    """The job's tasks: the files' bytes, in order, cut into ``n`` equal shares, ``n`` the smallest
+    multiple of ``min_tasks`` (``publish.spark_partitions``) that keeps a share under ``split_bytes``.
+
+    A big file is cut over several tasks and small files share one, so a drop of many small files does
+    not become as many tiny Kafka transactions; equal shares in a multiple of the cores leave no core
+    idle at the end. A compressed or corrupt file is never cut: it goes whole to the task its first
+    byte falls in. The plan depends only on the files and the settings: the same night gives the
+    same tasks, so the same sequences under the same keys, on any cluster.
+    """
+    total, k = sum(int(f["bytes"]) for f in files), max(min_tasks, 1)
+    n = -(-max(k, -(-total // split_bytes)) // k) * k
+    share = max(-(-total // n), 1)
+    tasks: list[list[Split]] = [[] for _ in range(n)]
+    offset = 0
     for f in files:
         size, path = int(f["bytes"]), f["path"]
-        if is_compressed(path) or f.get("corrupt") or size <= split_bytes:
-            out.append(Split(path, 0, max(size, 1), f.get("corrupt")))
-            continue
-        out += [Split(path, s, min(s + split_bytes, size)) for s in range(0, size, split_bytes)]
-    return out
-
-
-def plan_tasks(files: list[dict[str, Any]], split_bytes: int, min_tasks: int = 1) -> list[list[Split]]:
-    """The job's tasks: consecutive splits of about ``min(split_bytes, total / min_tasks)`` bytes each.
-
-    A big file is cut over several tasks, small files share one, so a drop of many small files does
-    not become as many tiny Kafka transactions, and a small drop still keeps ``min_tasks`` cores busy.
-    The plan depends only on the files and the settings: the same night gives the same tasks, so the
-    same sequences under the same keys, on any cluster.
-    """
-    total = sum(int(f["bytes"]) for f in files)
-    target = max(min(split_bytes, -(-total // max(min_tasks, 1))), 1)
-    tasks: list[list[Split]] = []
-    size = target
-    for s in plan_splits(files, target):
-        if size + (s.end - s.start) > target:
-            tasks.append([])
-            size = 0
-        tasks[-1].append(s)
-        size += s.end - s.start
-    return tasks
+        if is_compressed(path) or f.get("corrupt") or size <= 0:
+            tasks[min(offset // share, n - 1)].append(Split(path, 0, max(size, 1), f.get("corrupt")))
+        start = 0
+        while start < size and not (is_compressed(path) or f.get("corrupt")):
+            t = (offset + start) // share
+            end = min(size, (t + 1) * share - offset)
+            tasks[min(t, n - 1)].append(Split(path, start, end))
+            start = end
+        offset += size
+    return [t for t in tasks if t]
 
 
 # -- opening files wherever they live ---------------------------------------------------------------

@@ -126,14 +126,15 @@ class RunInputs:
 
 @dataclass(slots=True)
 class Staged:
-    """Every input record, kept or dropped with a reason (the index: no text), and the counts by
-    source file and reason."""
+    """Every input record, kept or dropped with a reason, as the index (no text) and the duplicates
+    the dedup found; and the counts by source file and reason."""
 
-    frame: Any
+    index: Any
+    duplicates: Any
+    """(source, pos, reason, detail, raw) of each duplicate; None without dedup."""
     by_source: dict[str, dict[str | None, int]]
     """source → reason (None = kept) → records."""
-    index: Any = None
-    """The index before dedup (persisted, when dedup marks a second frame)."""
+    persisted: list[Any]
 
     @property
     def counts(self) -> dict[str | None, int]:
@@ -151,10 +152,17 @@ class Staged:
     def dropped(self) -> dict[str, int]:
         return dict(sorted((k, v) for k, v in self.counts.items() if k is not None))
 
+    def rejected(self):
+        """The quarantine's rows: every record dropped, with its reason and place."""
+        from pyspark.sql import functions as F
+
+        cols = ["source", "pos", "reason", "detail", "raw"]
+        out = self.index.filter(F.col("reason").isNotNull()).select(*cols)
+        return out if self.duplicates is None else out.unionByName(self.duplicates.select(*cols))
+
     def unpersist(self) -> None:
-        self.frame.unpersist()
-        if self.index is not None:
-            self.index.unpersist()
+        for frame in self.persisted:
+            frame.unpersist()
 
 
 def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dict[str, Any]) -> RunInputs:
@@ -189,21 +197,30 @@ def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> 
     dropped with a reason. What is persisted is the index (place, reason, digest), never text."""
     from pyspark import StorageLevel
 
-    from spark_jobs.read import mark_duplicates, read_index
+    from spark_jobs.read import find_duplicates, read_index
+    from spark_jobs.steps import DUPLICATE
 
     index = read_index(spark, cfg, inputs.files, progress).persist(StorageLevel.DISK_ONLY)
-    frame = mark_duplicates(index).persist(StorageLevel.DISK_ONLY) if cfg.clean.dedup else index
+    index.count()  # read once, now: the counts, the dedup and the quarantine all read it from disk
+    persisted = [index]
+    dups = None
+    if cfg.clean.dedup:
+        dups = find_duplicates(index, persisted).persist(StorageLevel.MEMORY_AND_DISK)
+        persisted.append(dups)
     by_source: dict[str, dict[str | None, int]] = {}
-    for r in frame.groupBy("source", "reason").count().collect():
+    for r in index.groupBy("source", "reason").count().collect():
         by_source.setdefault(r["source"], {})[r["reason"]] = r["count"]
-    return Staged(frame=frame, by_source=by_source, index=index if cfg.clean.dedup else None)
+    for r in (dups.groupBy("source").count().collect() if dups is not None else []):
+        by_source[r["source"]][None] -= r["count"]  # a duplicate was counted as kept by the index pass
+        by_source[r["source"]][DUPLICATE] = r["count"]
+    return Staged(index=index, duplicates=dups, by_source=by_source, persisted=persisted)
 
 
 def quarantine(staged: Staged, run: RunLayout) -> Path:
     """Rejected records with their exact raw bytes and where they came from (file, pos)."""
     from pyspark.sql import functions as F
 
-    (staged.frame.filter(F.col("reason").isNotNull())
+    (staged.rejected()
      .select("source", "pos", "reason", "detail", F.base64("raw").alias("raw_base64"))
      .coalesce(1).write.mode("overwrite").json(str(run.quarantine)))
     return run.quarantine
@@ -224,7 +241,7 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
                           topic_config(cfg))
     skafka.recreate_topic(kafka_config, tasks_topic(topic), 1, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
-    skips = duplicate_skips(staged.frame) if cfg.clean.dedup else Skips()
+    skips = duplicate_skips(staged.duplicates) if staged.duplicates is not None else Skips()
     log.info("pack pass: %d duplicates left out", len(skips))
     feed = feeds(spark, cfg, inputs.files)[0]
     # the tokenizer travels with the job (a broadcast), so executors on other hosts need no shared path

@@ -11,14 +11,14 @@ import pytest
 import zstandard
 
 from spark_jobs import steps
-from spark_jobs.streams import BOM, Split, plan_splits, plan_tasks, scan_file, split_records
+from spark_jobs.streams import BOM, Split, plan_tasks, scan_file, split_records
 
 pytestmark = pytest.mark.unit
 
 
 def _records(path, size: int, split_bytes: int, max_bytes: int = 1 << 20, fmt: str = "jsonl"):
     files = [{"path": str(path), "bytes": size, **scan_file(str(path))}]
-    return [r for s in plan_splits(files, split_bytes) for r in split_records(s, fmt, "text", max_bytes)]
+    return [r for t in plan_tasks(files, split_bytes) for s in t for r in split_records(s, fmt, "text", max_bytes)]
 
 
 @pytest.mark.parametrize("split_bytes", [1, 2, 3, 7, 64, 1000, 1 << 20])
@@ -92,7 +92,8 @@ def test_tasks_cut_big_files_group_small_ones_and_cover_every_byte_once():
         assert spans[0][0] == 0 and spans[-1][1] == f["bytes"]
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert covered["c.jsonl.zst"] == [(0, 300)]  # a compressed file is never cut
-    assert len(covered["big.jsonl"]) == 4  # 1000 bytes in ranges of 256
+    assert len(tasks) == 8  # 1600 bytes: 7 shares of at most 256, rounded up to a multiple of 2
+    assert len(covered["big.jsonl"]) == 5  # cut at every 200 bytes
     assert max(len(t) for t in tasks) >= 10  # small files share a task: not 30 tiny transactions
     assert plan_tasks(files, 256, 2) == tasks  # the plan is a function of the files and settings
 

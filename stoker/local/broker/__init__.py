@@ -105,6 +105,13 @@ def _classpath() -> str:
     return f"{libs}/*"
 
 
+def tool_command(main_class: str, *args: str) -> list[str]:
+    """The command line of one of Kafka's own tools (``org.apache.kafka.tools.ProducerPerformance``,
+    ``...ConsumerGroupCommand``, ``...GetOffsetShell``): clients independent of Stoker's code."""
+    return [_java(), "-Xmx512m", "-cp", _classpath(), f"-Dlog4j2.configurationFile={_log4j_config()}",
+            main_class, *args]
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     """Something listens on ``host:port``."""
     with socket.socket() as s:
