@@ -213,6 +213,9 @@ def phases(log: str) -> str:
     for (t1, name), (t2, _) in zip(marks, marks[1:], strict=False):
         a, b = (sum(int(x) * 60 ** i for i, x in enumerate(reversed(t.split(":")))) for t in (t1, t2))
         parts.append(f"{name} {b - a} s")
+    verified = re.search(r"by a read_committed read in ([\d.]+) s", log)
+    if verified:
+        parts.append(f"independent read-back {verified.group(1)} s")
     return "; ".join(parts)
 
 

@@ -56,8 +56,9 @@ def _params(cfg: CorpusConfig) -> dict[str, Param]:
             section="Packing"),
         "spark_partitions": Param(
             cfg.publish.spark_partitions, type="integer", minimum=1, maximum=100_000, title="Spark partitions",
-            description=("Spark tasks that pack and publish, each one Kafka transaction (a retried task is "
-                         "fenced, so nothing is published twice). More partitions = more parallelism."),
+            description=("Spark tasks that pack and publish, at least (a large drop gets a multiple of it), each "
+                         "one Kafka transaction (a retried task is fenced, so nothing is published twice). "
+                         "Set it to the cluster's cores or a multiple."),
             section="Packing"),
     }
 
@@ -148,8 +149,10 @@ def build_dag(cfg: CorpusConfig) -> DAG:
         )
         publish = _publish_group(cfg, run, source_asset, topic_asset)
         training = _training_group(cfg, run, topic_asset, model_asset)
-        report = RunReportOperator(task_id="report", run_dir=str(run.run_dir),
-                                   doc_md="Writes summary.json; links to the run summary and the loss curve.")
+        report = RunReportOperator(task_id="report", run_dir=str(run.run_dir), trigger_rule="none_failed",
+                                   doc_md=("Writes summary.json; links to the run summary and the loss curve. "
+                                           "Runs too when training was skipped (a night with no usable "
+                                           "document) and says why."))
         await_source >> publish >> training >> report
     return dag
 

@@ -6,8 +6,9 @@ Here each Spark partition ``p`` owns a fixed ``transactional.id`` (run topic + `
 1. ``init_transactions()`` fences any earlier attempt of the same partition (a zombie can no
    longer commit) and aborts its open transaction, so its records are never visible to a
    read_committed consumer.
-2. The task looks for its *done record* in ``<topic>.tasks`` (read_committed). Present means an
-   earlier attempt committed; the task returns that attempt's counts and publishes nothing.
+2. The task looks for its *done record* in its partition of ``<topic>.tasks`` (read_committed, up
+   to the high watermark: see :func:`find_done`). Present means an earlier attempt committed; the
+   task returns that attempt's counts and publishes nothing.
 3. Otherwise it publishes every sequence and its done record in one transaction and commits.
 
 Sequences and the done record commit atomically, so whatever Spark retries, each sequence of
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -71,13 +73,61 @@ def _producer(config: Mapping[str, Any], transactional_id: str, compression: str
     return Producer(conf)
 
 
-def find_done(config: Mapping[str, Any], topic: str, spark_partition: int) -> TaskSummary | None:
-    """The committed done record of ``spark_partition``, if an earlier attempt wrote one."""
-    from stoker.kafka import read_all
+TASK_PARTITIONS_MAX = 256
 
+
+def task_partitions(tasks: int) -> int:
+    """Partitions of ``<topic>.tasks``: one per task, up to 256 (beyond, tasks share and find_done waits)."""
+    return max(1, min(tasks, TASK_PARTITIONS_MAX))
+
+
+def find_done(config: Mapping[str, Any], topic: str, spark_partition: int, partitions: int = 1,
+              timeout: float = TX_INIT_TIMEOUT_S) -> TaskSummary | None:
+    """The committed done record of ``spark_partition``, if an earlier attempt wrote one.
+
+    A read_committed reader stops at the last stable offset: a done record committed behind another
+    task's open transaction (a task killed between its done record and its commit keeps one open
+    until it is fenced or times out) is invisible there, and a retry that missed it would publish
+    again. So each task has its own partition of ``<topic>.tasks``, and the read goes on until it
+    passes the high watermark seen at its start: behind an open transaction it waits, never misses.
+    """
     want = records.make_key(spark_partition, 0)[:6]  # b"p00003"
-    found = [m for m in read_all(config, tasks_topic(topic)) if m.key() == want]
+    found = [m for m in read_settled(config, tasks_topic(topic), spark_partition % partitions, timeout)
+             if m.key() == want]
     return TaskSummary.from_json(found[-1].value() or b"") if found else None
+
+
+def read_settled(config: Mapping[str, Any], topic: str, partition: int, timeout: float) -> list[Any]:
+    """The committed records of one partition up to its high watermark at the call: every
+    transaction open below it has ended (committed, aborted or timed out) when this returns."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    from stoker.exceptions import KafkaTimeout, StokerError
+    from stoker.kafka import end_offsets
+
+    high = end_offsets(config, topic, committed_only=False)[partition]
+    if high == 0:
+        return []
+    consumer = Consumer({**config, "group.id": "stoker-find-done", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    tp, out, deadline = TopicPartition(topic, partition, OFFSET_BEGINNING), [], time.monotonic() + timeout
+    try:
+        consumer.assign([tp])
+        while True:
+            msg = consumer.poll(0.2)
+            err = msg.error() if msg is not None else None
+            if msg is not None and err is None:
+                out.append(msg)
+            elif err is not None and err.code() != KafkaError._PARTITION_EOF:
+                raise StokerError(f"reading {topic}[{partition}]: {err}")
+            if consumer.position([tp])[0].offset >= high:
+                return out
+            if time.monotonic() > deadline:
+                raise KafkaTimeout(f"{topic}[{partition}]: a transaction below offset {high} is still open after "
+                                   f"{timeout:.0f}s; it ends when its producer is fenced or after "
+                                   "publish.transaction_timeout_ms, and Spark's retry of this task will find it then")
+    finally:
+        consumer.close()
 
 
 def publish_partition(
@@ -94,6 +144,7 @@ def publish_partition(
     tx_timeout_ms: int,
     summary: TaskSummary,
     fail_after: int | None = None,
+    task_partitions: int = 1,
 ) -> Iterator[TaskSummary]:
     """Publish ``packed`` (items with ``tokens``, ``doc_starts``, ``valid``) in one transaction.
 
@@ -102,7 +153,7 @@ def publish_partition(
     """
     producer = _producer(config, f"stoker:{topic}:p{spark_partition}", compression, tx_timeout_ms)
     producer.init_transactions(TX_INIT_TIMEOUT_S)  # fences and aborts earlier attempts
-    done = find_done(config, topic, spark_partition)
+    done = find_done(config, topic, spark_partition, task_partitions)
     if done is not None:
         done.reused, done.attempt = True, attempt
         yield done
@@ -121,7 +172,8 @@ def publish_partition(
             counts[kp] += 1
         summary.sequences = sum(counts)
         summary.per_partition = {str(k): c for k, c in enumerate(counts) if c}
-        _produce(producer, tasks_topic(topic), 0, records.make_key(spark_partition, 0)[:6],
+        _produce(producer, tasks_topic(topic), spark_partition % task_partitions,
+                 records.make_key(spark_partition, 0)[:6],
                  summary.to_json().encode(), None)
         producer.commit_transaction(tx_timeout_ms / 1000)
     except BaseException:
@@ -138,3 +190,50 @@ def _produce(producer: Any, topic: str, partition: int, key: bytes, value: bytes
             return
         except BufferError:  # local queue full: serve delivery callbacks and retry
             producer.poll(0.5)
+
+
+def verify_published(config: Mapping[str, Any], topic: str, summaries: list[TaskSummary],
+                     timeout: float = 600.0) -> dict[int, int]:
+    """An independent read of what the broker serves a read_committed consumer, checked against the
+    tasks' own summaries: every task's keys ``0..sequences-1`` exactly once, and each partition's
+    count as the tasks reported. Raises on any loss or duplicate; returns sequences per partition.
+    Memory: one byte per sequence."""
+    import numpy as np
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from stoker.exceptions import KafkaTimeout, StokerError
+    from stoker.kafka import stable_end_offsets
+
+    ends = stable_end_offsets(config, topic)
+    seen = {s.spark_partition: np.zeros(s.sequences, dtype=np.uint8) for s in summaries}
+    per_part = dict.fromkeys(ends, 0)
+    consumer = Consumer({**config, "group.id": "stoker-verify", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "fetch.max.bytes": 64 << 20})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, e in ends.items() if e > 0])
+    pending, deadline, stray = {p for p, e in ends.items() if e > 0}, time.monotonic() + timeout, []
+    try:
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaTimeout(f"verifying {topic}: partitions {sorted(pending)} not read to the end in {timeout}s")
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error() is not None:
+                    raise StokerError(f"verifying {topic}: {msg.error()}")
+                part = int(msg.partition() or 0)
+                task, idx = records.parse_key(msg.key() or b"")
+                if task in seen and idx < len(seen[task]):
+                    seen[task][idx] += 1
+                else:
+                    stray.append(msg.key())
+                per_part[part] += 1
+            pos = {tp.partition: tp.offset for tp in consumer.position([TopicPartition(topic, p) for p in pending])}
+            pending = {p for p in pending if pos[p] < ends[p]}
+    finally:
+        consumer.close()
+    lost = {t: int((a == 0).sum()) for t, a in seen.items() if (a == 0).any()}
+    dup = {t: int((a > 1).sum()) for t, a in seen.items() if (a > 1).any()}
+    reported = {p: sum(s.per_partition.get(str(p), 0) for s in summaries) for p in ends}
+    if lost or dup or stray or per_part != reported:
+        raise StokerError(f"{topic}: the broker's committed records do not match what the tasks published: lost "
+                          f"{lost or 0} and duplicated {dup or 0} sequences by task, {len(stray)} unknown keys "
+                          f"{stray[:3]}, per partition {per_part} vs reported {reported}; no manifest is written")
+    return per_part

@@ -109,10 +109,17 @@ def opener_for(cfg: CorpusConfig) -> Opener:
 
 
 def scan(spark, files: list[dict[str, Any]], opener: Opener, fmt: str) -> list[dict[str, Any]]:
-    """Lineage in one streaming pass per file, in parallel: size, sha256 and, for a compressed file,
-    whether it decompresses. Memory per task is a 1 MiB chunk."""
-    rdd = spark.sparkContext.parallelize([(f["path"],) for f in files], max(1, len(files)))
-    rows = spark.createDataFrame(rdd, "path string").mapInArrow(scan_batches(opener, fmt), "scan string").collect()
+    """Lineage in one streaming pass per file, in parallel (files binned by size, two bins a core, not a
+    task per file): size, sha256 and, for a compressed file, whether it decompresses. Memory per task
+    is a 1 MiB chunk."""
+    bins: list[list[str]] = [[] for _ in range(min(len(files), 2 * spark.sparkContext.defaultParallelism))]
+    load = [0] * len(bins)
+    for f in sorted(files, key=lambda f: -int(f["bytes"])):  # the largest first, each to the least loaded
+        i = load.index(min(load))
+        bins[i].append(f["path"])
+        load[i] += int(f["bytes"])
+    rdd = spark.sparkContext.parallelize([(json.dumps(b),) for b in bins], max(1, len(bins)))
+    rows = spark.createDataFrame(rdd, "paths string").mapInArrow(scan_batches(opener, fmt), "scan string").collect()
     scanned = {s["path"]: s for s in (json.loads(r["scan"]) for r in rows)}
     return sorted(({**f, **scanned[f["path"]]} for f in files), key=lambda f: f["path"])
 

@@ -86,8 +86,9 @@ def parse_line(source: str, pos: int, raw: bytes, fmt: str, text_field: str) -> 
     return Parsed(source=source, pos=pos, text=text, raw=raw)
 
 
-def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int) -> Parsed:
-    """Normalise, strip, length-check; sets ``digest`` (sha256 of the clean text) for dedup."""
+def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest: bool = True) -> Parsed:
+    """Normalise, strip, length-check; sets ``digest`` (sha256 of the clean text) for dedup, unless
+    ``digest`` is False (the pack pass, which skips duplicates by place)."""
     if p.reason is not None or p.text is None:
         return p
     text = p.text if normalization == "none" else unicodedata.normalize(normalization, p.text)  # type: ignore[arg-type]
@@ -101,7 +102,26 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int) -> Pars
         return Parsed(source=p.source, pos=p.pos, reason=TOO_LONG,
                       detail=f"{len(text)} chars > clean.max_chars {max_chars}", raw=_raw(p))
     return Parsed(source=p.source, pos=p.pos, text=text, raw=p.raw,
-                  digest=hashlib.sha256(text.encode()).digest())
+                  digest=hashlib.sha256(text.encode()).digest() if digest else None)
+
+
+def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, max_chars: int, skip: Any,
+               batch: int) -> Iterator[tuple[list[str], list[str]]]:
+    """What a pack task tokenises, in batches of (texts, their source files): the records cleaned again
+    and kept, less those in ``skip`` (the duplicates, by place)."""
+    texts: list[str] = []
+    sources: list[str] = []
+    for p in records:
+        p = clean(p, normalization, min_chars, max_chars, digest=False)
+        if p.reason is not None or (p.source, p.pos) in skip:
+            continue
+        texts.append(p.text or "")
+        sources.append(p.source)
+        if len(texts) == batch:
+            yield texts, sources
+            texts, sources = [], []
+    if texts:
+        yield texts, sources
 
 
 def _raw(p: Parsed) -> bytes:
@@ -164,8 +184,10 @@ class Packer:
         return self.seq_len + 1
 
     def add(self, ids: Iterable[int] | np.ndarray) -> Iterator[Packed]:
-        doc = np.asarray(ids, dtype=np.int64)
-        doc = np.append(doc, self.eos_id)
+        if isinstance(ids, list):  # the tokenizer's ids: one allocation, EOS included
+            doc = np.array(ids + [self.eos_id], dtype=np.int64)
+        else:
+            doc = np.append(np.asarray(ids, dtype=np.int64), self.eos_id)
         self.tokens += len(doc)
         self._starts.append(self._buf_len)
         self._buf.append(doc)

@@ -191,15 +191,16 @@ class _Hashing(io.RawIOBase):
 
 
 def scan_batches(opener: Opener, fmt: str) -> Any:
-    """mapInArrow function: one row per file path → its lineage row (JSON)."""
+    """mapInArrow function: rows of file paths (a JSON list each) → one lineage row (JSON) per file."""
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import json
 
         import pyarrow as pa
 
         for batch in batches:
-            rows = [json.dumps(scan_file(p, opener, fmt)) for p in batch.column("path").to_pylist()]
-            yield pa.RecordBatch.from_pydict({"scan": rows})
+            for paths in batch.column("paths").to_pylist():
+                yield pa.RecordBatch.from_pydict({"scan": [json.dumps(scan_file(p, opener, fmt))
+                                                          for p in json.loads(paths)]})
     return run
 
 

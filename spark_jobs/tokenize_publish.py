@@ -43,7 +43,8 @@ ENCODE_BATCH = 1024
 
 
 def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, skips: Any, topic: str, run_id: str,
-                         dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None):
+                         dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
+                         task_partitions: int = 1):
     """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary."""
     seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
     nparts, compression = cfg.topic.partitions, cfg.topic.compression
@@ -56,7 +57,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         from pyspark import TaskContext
 
         from spark_jobs.publish import TaskSummary, publish_partition
-        from spark_jobs.steps import Packer, clean
+        from spark_jobs.steps import Packer, kept_texts
         from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
 
         ctx = TaskContext.get()
@@ -75,21 +76,11 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
                 yield from packer.add(ids)
             if docs_acc is not None:
                 docs_acc.add(len(texts))
-            texts.clear()
-            sources.clear()
 
         def sequences():
-            texts: list[str] = []
-            sources: list[str] = []
-            for p in records(batches, read_acc):
-                p = clean(p, c.normalization, c.min_chars, c.max_chars)
-                if p.reason is not None or (p.source, p.pos) in skip:
-                    continue
-                texts.append(p.text or "")
-                sources.append(p.source)
-                if len(texts) == ENCODE_BATCH:
-                    yield from pack(texts, sources)
-            yield from pack(texts, sources)
+            for texts, sources in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
+                                             c.max_chars, skip, ENCODE_BATCH):
+                yield from pack(texts, sources)
             yield from packer.flush()
             summary.tokens, summary.padding = packer.tokens, packer.padding
             if tokens_acc is not None:
@@ -99,7 +90,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         for s in publish_partition(sequences(), config=kafka_config, topic=topic, kafka_partitions=nparts,
                                    spark_partition=sp, attempt=attempt, run_id=run_id, dtype=dtype,
                                    compression=compression, tx_timeout_ms=tx_ms, summary=summary,
-                                   fail_after=fail_after):
+                                   fail_after=fail_after, task_partitions=task_partitions):
             yield pa.RecordBatch.from_pydict({"summary": [s.to_json()]})
     return run
 
@@ -231,25 +222,26 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
     """The pack pass: read the records again, tokenise, pack and publish the kept ones, one Kafka
     transaction per task. A task packs its records in file order, so a re-run of the night publishes
     the same sequences under the same keys."""
-    from spark_jobs.publish import TaskSummary
+    from spark_jobs.publish import TaskSummary, task_partitions
     from spark_jobs.read import duplicate_skips, feeds
     from spark_jobs.steps import Skips
 
     # The topic name belongs to this attempt: anything under it is left from an earlier run of the
     # same name (a re-run date, a reset metadata DB) and must not mix with this run's sequences.
+    feed = feeds(spark, cfg, inputs.files)[0]
+    done_parts = task_partitions(feed.frame.rdd.getNumPartitions())
     skafka.recreate_topic(kafka_config, topic, cfg.topic.partitions, cfg.topic.replication_factor,
                           topic_config(cfg))
-    skafka.recreate_topic(kafka_config, tasks_topic(topic), 1, cfg.topic.replication_factor,
+    skafka.recreate_topic(kafka_config, tasks_topic(topic), done_parts, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
     skips = duplicate_skips(staged.duplicates) if staged.duplicates is not None else Skips()
     log.info("pack pass: %d duplicates left out", len(skips))
-    feed = feeds(spark, cfg, inputs.files)[0]
     # the tokenizer travels with the job (a broadcast), so executors on other hosts need no shared path
     sc = spark.sparkContext
     tokenizer = sc.broadcast((Path(inputs.tokenizer_path).read_text(), inputs.tokenizer_sha256))
     fn = pack_publish_batches(cfg=cfg, records=feed.records, tokenizer=tokenizer, skips=sc.broadcast(skips),
                               topic=topic, run_id=inputs.run_id, dtype=inputs.dtype, kafka_config=kafka_config,
-                              fail=fail, progress=progress)
+                              fail=fail, progress=progress, task_partitions=done_parts)
     return [TaskSummary.from_json(r["summary"]) for r in feed.frame.mapInArrow(fn, "summary string").collect()]
 
 
@@ -318,6 +310,12 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         progress.set_phase("tokenise, pack, publish")
         summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress)
         staged.unpersist()
+    from spark_jobs.publish import verify_published
+
+    t1 = time.monotonic()
+    verify_published(kafka_config, topic, summaries)  # an independent read: no loss, no duplicate
+    log.info("verified %d sequences of %d tasks in %s by a read_committed read in %.1f s",
+             sum(s.sequences for s in summaries), len(summaries), topic, time.monotonic() - t1)
     manifest = build_manifest(spark, cfg, ds, topic, inputs, staged, summaries, quarantined, kafka_config, t0)
     if sum(s.docs for s in summaries) != manifest.docs_kept:
         raise RuntimeError(f"published {sum(s.docs for s in summaries)} docs but kept {manifest.docs_kept}")

@@ -58,9 +58,9 @@ class SourceConfig:
     timeout_s: int = 6 * 3600
     """How long await_source waits for the drop before failing."""
     split_bytes: int = 64 << 20
-    """Plain JSONL/text files are read in byte ranges of this size, one Spark task each (a 2 GB file
-    is 32 tasks at the default); compressed files are one task each. Memory per task does not grow
-    with it: records stream in bounded batches."""
+    """The most bytes of plain JSONL/text one Spark task reads: the drop is cut into equal shares no
+    larger (a 2 GB file is 32 or more tasks at the default; small files share a task); a compressed
+    file is never cut. Memory per task does not grow with it: records stream in bounded batches."""
 
     def __post_init__(self) -> None:
         w = "source"
@@ -177,7 +177,9 @@ class TopicConfig:
 @dataclass(kw_only=True, slots=True)
 class PublishConfig:
     spark_partitions: int = 4
-    """Spark tasks that pack and publish; each is one Kafka transaction, fenced on retry."""
+    """Spark tasks that pack and publish, at least; each is one Kafka transaction, fenced on retry. A
+    drop larger than ``spark_partitions × source.split_bytes`` gets a multiple of it, so set it to the
+    cluster's cores (or a multiple) and no core idles at the end of the stage."""
     transaction_timeout_ms: int = 900_000
     """Kafka transaction timeout per Spark task (must not exceed the broker's transaction.max.timeout.ms)."""
     spark_conf: dict[str, str] = field(default_factory=dict)

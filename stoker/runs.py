@@ -73,6 +73,15 @@ def find_run(ref: str | None) -> Path:
     raise ManifestError(f"run {ref!r} not found (looked in {candidate}): use <corpus>/<YYYY-MM-DD>")
 
 
+def training_skipped(m: Any) -> str | None:
+    """Why a run has nothing to train on (a night whose drop holds no usable document), else None."""
+    if m.sequences > 0:
+        return None
+    why = ", ".join(f"{v} {k}" for k, v in m.docs_dropped.items()) or "no records at all"
+    return (f"no usable document in {m.source_uri}: {m.docs_in} records read, {m.docs_kept} kept ({why}); "
+            f"training skipped. The rejected records are in {m.quarantine_path}")
+
+
 def summary(run_dir: Path) -> dict[str, Any]:
     m = read_manifest(run_dir)
     return {
@@ -90,6 +99,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "stage_seconds": stage_seconds(run_dir),
         "stages": stage_rows(run_dir),
         "training": _training(run_dir, m.topic),
+        "training_skipped": training_skipped(m),
     }
 
 
@@ -125,6 +135,8 @@ def render(s: dict[str, Any]) -> str:
                                         if r["seconds"] is not None) or "-"),
     ]
     t = s.get("training")
+    if s.get("training_skipped"):
+        lines.append(f"  training         skipped: {s['training_skipped']}")
     if t:
         lines += [
             f"  training         {t['recipe']}, {t['world_size']} rank(s), {t['steps']} steps",

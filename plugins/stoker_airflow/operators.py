@@ -194,9 +194,15 @@ class DeepSpeedTrainOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from stoker.layout import RunLayout
         from stoker.manifest import read_manifest
+        from stoker.runs import training_skipped
         from stoker_airflow.launcher import TrainerLauncher
 
         m = read_manifest(self.manifest_path)
+        skipped = training_skipped(m)
+        if skipped:  # an empty night: the run ends, its report says why, no trainer waits on nothing
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(skipped)
         launcher = TrainerLauncher(RunLayout.of_manifest(self.manifest_path).trainer(m.topic))
         launcher.adopt_or_reset(m)
         if launcher.running():

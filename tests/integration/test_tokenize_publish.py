@@ -21,6 +21,7 @@ from stoker import kafka as skafka
 from stoker import records
 from stoker.layout import RunLayout, tasks_topic
 from stoker.manifest import read_manifest
+from stoker.runs import training_skipped
 from stoker_airflow.launcher import TrainerLauncher
 
 pytestmark = pytest.mark.integration
@@ -229,3 +230,18 @@ def test_a_big_file_split_over_many_tasks_publishes_what_one_task_does(spark, ka
         assert sum(f["docs_kept"] for f in m.source_files) == m.docs_kept
         assert sum(f["tokens"] for f in m.source_files) == m.tokens
         assert all(f["docs_in"] == f["docs_kept"] + sum(f["docs_dropped"].values()) for f in m.source_files)
+
+
+def test_a_night_with_no_usable_document_publishes_an_empty_run(spark, kafka_config, small_cfg, tmp_path):
+    """Every record dropped: the job still ends with a manifest of 0 sequences that accounts for each one
+    (the train task then skips, and the report says why)."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "a.jsonl").write_bytes(b"\n".join(raw for raw, _ in BAD) + b"\n")
+    small_cfg.source = dataclasses.replace(small_cfg.source, uri=str(folder))
+    m = run_job(spark, small_cfg, ds="2026-12-10", topic="stoker.test.20261210.a1", run_dir=tmp_path / "run",
+                kafka_config=kafka_config)
+    assert (m.sequences, m.docs_kept, m.docs_in) == (0, 0, len(BAD))
+    assert m.docs_dropped == dict(sorted(Counter(r for _, r in BAD).items()))
+    assert skafka.read_all(kafka_config, m.topic) == []
+    assert "no usable document" in (training_skipped(m) or "")

@@ -14,3 +14,31 @@ def test_stage_time_spans_retries_of_one_run_and_resets_for_another(tmp_path):
     assert stage_seconds(tmp_path) == {}
     record_stage(tmp_path, "train", "end", now=510.0, run="r2")
     assert stage_seconds(tmp_path) == {"train": 10.0}
+
+
+def _empty_night(tmp_path):
+    from stoker.manifest import Manifest, PartitionRange, write_manifest
+
+    m = Manifest(run_id="c/2026-12-01", corpus="c", ds="2026-12-01", topic="stoker.c.20261201.a1",
+                 partitions=[PartitionRange(partition=0, start_offset=0, end_offset=0, sequences=0)],
+                 seq_len=8, dtype="uint16", tokenizer_path="/t.json", tokenizer_sha256="ab" * 32, vocab_size=100,
+                 docs_in=3, docs_kept=0, docs_dropped={"invalid_json": 2, "too_short": 1}, tokens=0,
+                 padding_tokens=0, sequences=0, source_uri="/drops/2026-12-01", quarantine_path="/q")
+    write_manifest(tmp_path, m)
+    return m
+
+
+def test_a_night_with_no_usable_document_skips_training_and_the_report_says_why(tmp_path):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from stoker.runs import render, summary
+    from stoker_airflow.operators import DeepSpeedTrainOperator
+
+    _empty_night(tmp_path)
+    text = render(summary(tmp_path))
+    assert "training         skipped: no usable document in /drops/2026-12-01: 3 records read, 0 kept " \
+           "(2 invalid_json, 1 too_short)" in text
+    op = DeepSpeedTrainOperator(task_id="train", manifest_path=str(tmp_path / "manifest.json"))
+    with pytest.raises(AirflowSkipException, match="no usable document"):
+        op.execute({})
+    assert not (tmp_path / "train").exists()  # no trainer was started

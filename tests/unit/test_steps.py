@@ -78,3 +78,11 @@ def test_skips_find_exactly_the_duplicates_places():
     assert {("file:/a.jsonl", 5), ("file:/a.jsonl", 900), ("file:/b.jsonl", 3), ("file:/b.jsonl", 70)} == {
         k for k in [(n, p) for n in [*names, "file:/c"] for p in range(1000)] if k in skips}
     assert ("file:/a.jsonl", 6) not in steps.Skips()
+
+
+def test_a_pack_task_tokenises_the_kept_records_less_the_duplicates_in_batches():
+    recs = [steps.parse_line("f", i * 10, raw, "jsonl", "text") for i, raw in
+            enumerate([b'{"text": "a b"}', b'{"text": "  "}', b'{"text": "c d"}', b'broken', b'{"text": "e"}'])]
+    skips = steps.Skips.of(["f"], np.array([0]), np.array([20]))  # "c d" at byte 20 is a duplicate
+    got = list(steps.kept_texts(recs, "NFC", 1, 100, skips, batch=1))
+    assert got == [(["a b"], ["f"]), (["e"], ["f"])]

@@ -1,0 +1,86 @@
+"""A retried Spark task must find its own committed done record whatever other tasks' transactions
+are doing: a record committed behind another task's still-open transaction is invisible to a
+read_committed reader, which once let a retry publish its sequences a second time."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+from spark_jobs import publish
+from spark_jobs.steps import Packed
+from stoker import kafka as skafka
+from stoker import records
+from stoker.exceptions import StokerError
+from stoker.layout import tasks_topic
+
+pytestmark = pytest.mark.integration
+
+
+def _sequences(n: int) -> list[Packed]:
+    return [Packed(tokens=np.arange(i, i + 9, dtype=np.int64), doc_starts=[0], valid=None) for i in range(n)]
+
+
+def _publish(kafka_config, topic: str, task: int, attempt: int, task_partitions: int) -> publish.TaskSummary:
+    summary = publish.TaskSummary(spark_partition=task, attempt=attempt)
+    out = list(publish.publish_partition(
+        iter(_sequences(5)), config=kafka_config, topic=topic, kafka_partitions=2, spark_partition=task,
+        attempt=attempt, run_id="test/2026-12-08", dtype="uint16", compression="zstd", tx_timeout_ms=60_000,
+        summary=summary, task_partitions=task_partitions))
+    return out[0]
+
+
+def _open_done_record(kafka_config, topic: str, task: int, task_partitions: int):
+    """Task ``task``'s attempt wrote its done record and died before committing: a real transaction,
+    left open on the broker (until fenced or timed out)."""
+    zombie = publish._producer(kafka_config, f"stoker:{topic}:p{task}", "zstd", 60_000)
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(tasks_topic(topic), partition=task % task_partitions, key=records.make_key(task, 0)[:6],
+                   value=publish.TaskSummary(spark_partition=task, attempt=0).to_json().encode())
+    zombie.flush(30)
+    return zombie
+
+
+@pytest.mark.parametrize("task_partitions", [2, 1])
+def test_a_retry_finds_its_done_record_behind_another_tasks_open_transaction(kafka_config, task_partitions):
+    topic = f"stoker.test.20261208.t{task_partitions}"
+    skafka.recreate_topic(kafka_config, topic, 2)
+    skafka.recreate_topic(kafka_config, tasks_topic(topic), task_partitions)
+    zombie = _open_done_record(kafka_config, topic, 1, task_partitions)
+    first = _publish(kafka_config, topic, 0, 0, task_partitions)  # task 0 commits behind the open transaction
+    assert not first.reused and first.sequences == 5
+    # sharing a tasks partition (more than 256 tasks), the retry waits for the open transaction to end
+    # (fenced, aborted or timed out) rather than miss what lies behind it; with a partition of its own it never meets it
+    ender = threading.Timer(3.0, zombie.abort_transaction, kwargs={"timeout": 30})
+    ender.start()
+    again = _publish(kafka_config, topic, 0, 1, task_partitions)
+    assert again.reused and again.sequences == 5  # found, so nothing published twice
+    ender.join()
+    keys = [m.key() for m in skafka.read_all(kafka_config, topic)]
+    assert sorted(keys) == [records.make_key(0, i) for i in range(5)]
+    skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
+
+
+def test_the_independent_read_fails_loudly_on_a_lost_or_duplicated_sequence(kafka_config):
+    topic = "stoker.test.20261209.a1"
+    skafka.recreate_topic(kafka_config, topic, 2)
+    skafka.recreate_topic(kafka_config, tasks_topic(topic), 1)
+    done = _publish(kafka_config, topic, 0, 0, 1)
+    assert publish.verify_published(kafka_config, topic, [done]) == {0: 3, 1: 2}
+
+    claimed = dataclasses.replace(done, sequences=6)  # one the broker never got
+    with pytest.raises(StokerError, match=r"lost \{0: 1\}"):
+        publish.verify_published(kafka_config, topic, [claimed])
+
+    other = publish._producer(kafka_config, "stoker:test:intruder", "zstd", 60_000)  # a second copy of s1
+    other.init_transactions(30)
+    other.begin_transaction()
+    other.produce(topic, partition=1, key=records.make_key(0, 1), value=b"\0\0")
+    other.commit_transaction(30)
+    with pytest.raises(StokerError, match=r"duplicated \{0: 1\}"):
+        publish.verify_published(kafka_config, topic, [done])
+    skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
