@@ -265,6 +265,7 @@ def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInp
         source_files=source_accounting(inputs.files, staged, summaries),
         spark_app_id=spark.sparkContext.applicationId,
         quarantine_path=str(quarantine_path), created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
+        retention_ms=cfg.topic.retention_ms,
         seconds=round(time.monotonic() - t0, 3),
     )
 

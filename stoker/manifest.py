@@ -55,6 +55,9 @@ class Manifest:
     spark_app_id: str = ""
     quarantine_path: str = ""
     created_at: str = ""
+    retention_ms: int = 0
+    """The topic's retention.ms when published (0: not recorded): its records may expire from
+    ``created_at + retention_ms`` on, consumed or not."""
     seconds: float = 0.0
     version: int = MANIFEST_VERSION
 

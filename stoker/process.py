@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -53,7 +54,7 @@ class ProcessRecord:
     def write(self, pid: int) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"pid": pid, "start": start_ticks(pid)}))
+        tmp.write_text(json.dumps({"pid": pid, "start": start_ticks(pid), "host": socket.gethostname()}))
         os.replace(tmp, self.path)
 
     def pid(self) -> int | None:
@@ -67,6 +68,17 @@ class ProcessRecord:
 
     def running(self) -> bool:
         return self.pid() is not None
+
+    def alive(self) -> bool | None:
+        """True or False for a process recorded on this host; None when that cannot be told here (no
+        record, or the record of another host: a triggerer elsewhere must not call a live trainer dead)."""
+        try:
+            host = json.loads(self.path.read_text()).get("host")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if host is not None and host != socket.gethostname():
+            return None
+        return self.running()
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)

@@ -14,7 +14,16 @@ from stoker import paths
 from stoker.layout import RunLayout, TrainerFiles, consumer_group
 from stoker.manifest import Manifest, read_manifest
 from stoker_airflow.hooks import StokerKafkaHook
-from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger, lag_status, published_status, trainer_exit
+from stoker_airflow.triggers import (
+    TRAINER_LOST,
+    KafkaLagTrigger,
+    KafkaPublishedTrigger,
+    lag_status,
+    published_status,
+    retention_left,
+    retention_status,
+    trainer_exit,
+)
 
 
 class SourceReadySensor(BaseSensorOperator):
@@ -193,10 +202,16 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
         return m, skafka.compute_lag(m.end_offsets(), committed, starts, m.seq_len)
 
     def poke(self, context: Any) -> bool:
+        rc = trainer_exit(self._rc_file(read_manifest(self.manifest_path)))
+        if rc is not None and rc != 0:  # first, so a dead trainer is noticed while Kafka is unreachable too
+            return self._finish({"status": "trainer_failed", "rc": rc, "lag": None}) is not None
         m, report = self._report()
         self.log.info("group %s: %s", self._group(m), report.describe())
         rc_file = self._rc_file(m)
         status = lag_status(report.lag, self.max_lag, trainer_exit(rc_file), rc_file is not None)
+        left = retention_left(m.created_at, m.retention_ms, time.time())
+        if status is None and retention_status(left, m.retention_ms, report.lag) == "retention_expiring":
+            status = "retention_expiring"
         if status is None:
             return False
         return self._finish({"status": status, "rc": trainer_exit(rc_file), "lag": report.lag,
@@ -209,7 +224,8 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
             topic=m.topic, group_id=self._group(m), end={str(k): v for k, v in m.end_offsets().items()},
             start={str(p.partition): p.start_offset for p in m.partitions}, max_lag=self.max_lag,
             tokens_per_message=m.seq_len, kafka_config_id=self.kafka_config_id,
-            poll_interval=self.poll_interval, deadline=self._deadline(), rc_file=self._rc_file(m))
+            poll_interval=self.poll_interval, deadline=self._deadline(), rc_file=self._rc_file(m),
+            created_at=m.created_at, retention_ms=m.retention_ms)
 
     def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
         m = read_manifest(self.manifest_path)
@@ -218,8 +234,16 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
             return event
         if status == "trainer_failed":
             log = self._trainer(m).log
-            raise AirflowFailException(f"the trainer exited with {event.get('rc')} at {event.get('lag')} messages of "
-                                       f"lag: see {log}; clearing the train task resumes from its last checkpoint")
+            how = ("was killed as a whole (its launcher is gone without an exit code: kill -9, a lost node, the "
+                   "OOM killer)" if event.get("rc") == TRAINER_LOST else f"exited with {event.get('rc')}")
+            raise AirflowFailException(f"the trainer {how} at {event.get('lag')} messages of lag: see {log}; "
+                                       "clearing the train task resumes from its last checkpoint")
+        if status == "retention_expiring":
+            raise AirflowFailException(
+                f"{m.topic} was published at {m.created_at} with retention.ms {m.retention_ms}: its first records "
+                f"may be deleted within the hour while group {group} still lags by {event.get('lag')} messages. "
+                f"Raise it now (kafka-configs --alter --entity-type topics --entity-name {m.topic} --add-config "
+                "retention.ms=...) and clear this task, or the run loses data unread")
         if status == "trainer_stopped_early":
             raise AirflowFailException(f"the trainer finished but group {group} still lags by {event.get('lag')} "
                                        f"messages per partition {event.get('partitions')}: was --max-steps set?")

@@ -15,6 +15,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from stoker import kafka as skafka
+from stoker.layout import TrainerFiles
 
 
 async def _kafka_config(kafka_config_id: str) -> dict[str, Any]:
@@ -73,14 +74,43 @@ def published_status(actual: dict[Any, int], expected: dict[Any, int]) -> str | 
     return None
 
 
+TRAINER_LOST = -1
+"""The exit code given to a trainer whose launcher is gone without writing one (killed as a whole:
+kill -9, a lost or preempted node, the OOM killer)."""
+
+
 def trainer_exit(rc_file: str | None) -> int | None:
-    """The followed trainer's exit code, None while it runs (or when no trainer is followed)."""
+    """The followed trainer's exit code; ``TRAINER_LOST`` when its launcher is gone without one; None
+    while it runs (or when no trainer is followed, or its liveness cannot be told on this host)."""
     if rc_file is None:
         return None
+    alive = TrainerFiles(Path(rc_file).parent).process.alive()  # first: the shell writes rc, then exits
     try:
         return int(Path(rc_file).read_text().strip())
     except (OSError, ValueError):
+        return TRAINER_LOST if alive is False else None
+
+
+def retention_left(created_at: str, retention_ms: int, now: float) -> float | None:
+    """Seconds before the run's first records may expire unread (retention counts from publication),
+    None when the manifest does not say."""
+    from datetime import datetime
+
+    if not retention_ms or not created_at:
         return None
+    return datetime.fromisoformat(created_at).timestamp() + retention_ms / 1000 - now
+
+
+def retention_status(left: float | None, retention_ms: int, lag: int) -> str | None:
+    """``retention_warning`` with under a quarter of the retention left and lag, ``retention_expiring``
+    with under a tenth (at most an hour): fail while the data is still there, not after."""
+    if left is None or lag <= 0:
+        return None
+    if left < min(retention_ms / 1000 * 0.10, 3600):
+        return "retention_expiring"
+    if left < retention_ms / 1000 * 0.25:
+        return "retention_warning"
+    return None
 
 
 def lag_status(lag: int, max_lag: int, rc: int | None, following: bool = True) -> str | None:
@@ -107,7 +137,8 @@ class KafkaLagTrigger(BaseTrigger):
 
     def __init__(self, *, topic: str, group_id: str, end: dict[str, int], start: dict[str, int] | None = None,
                  max_lag: int = 0, tokens_per_message: int = 0, kafka_config_id: str = "kafka_default",
-                 poll_interval: float = 10.0, deadline: float | None = None, rc_file: str | None = None) -> None:
+                 poll_interval: float = 10.0, deadline: float | None = None, rc_file: str | None = None,
+                 created_at: str = "", retention_ms: int = 0) -> None:
         super().__init__()
         self.topic = topic
         self.group_id = group_id
@@ -119,9 +150,11 @@ class KafkaLagTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.deadline = deadline
         self.rc_file = rc_file
+        self.created_at, self.retention_ms = created_at, retention_ms
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("stoker_airflow.triggers.KafkaLagTrigger", {"rc_file": self.rc_file,
+            "created_at": self.created_at, "retention_ms": self.retention_ms,
             "topic": self.topic, "group_id": self.group_id, "end": self.end, "start": self.start,
             "max_lag": self.max_lag, "tokens_per_message": self.tokens_per_message,
             "kafka_config_id": self.kafka_config_id, "poll_interval": self.poll_interval,
@@ -133,10 +166,25 @@ class KafkaLagTrigger(BaseTrigger):
         return skafka.compute_lag(end, committed, {int(k): v for k, v in self.start.items()},
                                   self.tokens_per_message)
 
+    def _retention(self, lag: int) -> str | None:
+        """``retention_expiring`` to fail now; logs a warning while the margin shrinks."""
+        left = retention_left(self.created_at, self.retention_ms, time.time())
+        status = retention_status(left, self.retention_ms, lag)
+        if status == "retention_warning":
+            self.log.warning("%s: the first records may expire in %.1f h (retention %.1f h) and %d messages are "
+                             "unread: raise the topic's retention.ms or speed training up", self.topic,
+                             (left or 0) / 3600, self.retention_ms / 3.6e6, lag)
+            return None
+        return status
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         config = await _kafka_config(self.kafka_config_id)
         last = None
         while True:
+            rc = trainer_exit(self.rc_file)
+            if rc is not None and rc != 0:  # first, so a dead trainer is noticed while Kafka is unreachable too
+                yield TriggerEvent({"status": "trainer_failed", "rc": rc, "lag": last})
+                return
             try:
                 report = await asyncio.to_thread(self._report, config)
             except Exception as e:  # noqa: BLE001
@@ -149,7 +197,8 @@ class KafkaLagTrigger(BaseTrigger):
             last = {"lag": report.lag, "lag_tokens": report.lag_tokens,
                     "consumed_fraction": report.consumed_fraction,
                     "partitions": {str(p.partition): p.lag for p in report.partitions}}
-            status = lag_status(report.lag, self.max_lag, trainer_exit(self.rc_file), self.rc_file is not None)
+            status = (lag_status(report.lag, self.max_lag, trainer_exit(self.rc_file), self.rc_file is not None)
+                      or self._retention(report.lag))
             if status is not None:
                 yield TriggerEvent({"status": status, "rc": trainer_exit(self.rc_file), **last})
                 return
