@@ -114,6 +114,45 @@ print("STATE=" + json.dumps(str(run.state)))
 """
 
 
+class _ProcessListings:
+    """Samples every process's command line (what `ps` shows anyone on the machine) twice a second."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.seen: set[str] = set()
+        self.samples = 0
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._halt.wait(0.5):
+            for p in psutil.process_iter(["cmdline"]):
+                self.seen.add(" ".join(p.info["cmdline"] or []))
+            self.samples += 1
+
+    def stop(self) -> int:
+        self._halt.set()
+        self._thread.join()
+        return self.samples
+
+    @property
+    def text(self) -> str:
+        return "\n".join(sorted(self.seen))
+
+
+def _files_holding(needle: str, roots: list[Path]) -> list[str]:
+    """Files under ``roots`` whose bytes contain ``needle``."""
+    raw = needle.encode()
+    return [str(p) for root in roots if root.exists() for p in root.rglob("*")
+            if p.is_file() and raw in p.read_bytes()]
+
+
 def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config, sample_corpus, airflow_db,
                                                                      seaweed, tmp_path):
     """corpora/examples/sample_s3.yaml through Airflow, credentials from the aws_default connection:
@@ -147,6 +186,8 @@ def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config
         env.pop(k, None)  # only the connection may tell the job where the store is
     proc = subprocess.Popen([sys.executable, "-c", DAG_TEST_S3], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+    listings = _ProcessListings()  # every command line on the machine while the run goes
+    listings.start()
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     out: list[str] = []
@@ -168,6 +209,13 @@ def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config
     log = "".join(out)
     assert 'STATE="success"' in log, log[-4000:]
     assert f"complete: {root}/2026-12-01/_SUCCESS present" in log
+    # the secret key appears in no command line, process listing, Airflow or task log, or the metadata DB
+    # (rendered templates included)
+    secret = seaweed.connection()["password"]
+    assert listings.stop() > 10, "the process listing was not sampled"
+    assert secret not in listings.text and secret not in log
+    run_dir = RunLayout.of("sample_s3", "2026-12-01").run_dir
+    assert not _files_holding(secret, [Path(os.environ["AIRFLOW_HOME"]), run_dir])
 
     m = read_manifest(RunLayout.of("sample_s3", "2026-12-01").run_dir)
     assert m.source_uri == f"{root}/2026-12-01"

@@ -42,3 +42,19 @@ def test_a_night_with_no_usable_document_skips_training_and_the_report_says_why(
     with pytest.raises(AirflowSkipException, match="no usable document"):
         op.execute({})
     assert not (tmp_path / "train").exists()  # no trainer was started
+
+
+def test_the_summarys_last_loss_is_not_one_nearly_empty_final_step():
+    from training.trainer import LAST_STEPS, Progress, StepStats
+
+    p = Progress(publication="c/2026-12-01@t")
+    for step in range(1, 31):
+        p.update(StepStats(step=step, loss=9.0 - step * 0.1, rows=8, tokens=1000, seconds=0.1, data_wait=0.0))
+    p.update(StepStats(step=31, loss=9.5, rows=1, tokens=10, seconds=0.1, data_wait=0.0))  # a padded tail
+    assert p.first_loss == pytest.approx(8.9)
+    expected = (sum((9.0 - s * 0.1) * 1000 for s in range(31 - LAST_STEPS + 1, 31)) + 9.5 * 10) / (
+        1000 * (LAST_STEPS - 1) + 10)
+    assert p.last_loss == pytest.approx(expected) and p.last_loss < 6.5
+    again = Progress(publication=p.publication)
+    again.load_state_dict(p.state_dict())  # a resumed session continues the same window
+    assert again.recent == p.recent and again.last_loss == p.last_loss
