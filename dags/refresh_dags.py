@@ -1,8 +1,8 @@
 """One DAG per corpus: ``refresh_<name>`` for every ``corpora/<name>.yaml``.
 
 Wiring only: no I/O beyond reading the small YAML configs, no heavy imports (pyspark, torch) at
-module level. A corpus config that does not validate fails here, at parse time, with a message
-naming the field, the value and the fix.
+module level. A corpus config that does not validate shows as this file's import error in the UI,
+with a message naming the file, the field, the value and the fix; the other corpora's DAGs stay.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from stoker import paths
-from stoker.config import CorpusConfig, load_all
+from stoker.config import CorpusConfig, load_each
+from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, topic_prefix
 from stoker_airflow.callbacks import stage_finished, stage_started
 from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
@@ -157,5 +158,21 @@ def build_dag(cfg: CorpusConfig) -> DAG:
     return dag
 
 
-for _cfg in load_all(paths.corpora_dir()):
+def config_errors_dag(errors: list[str]) -> DAG:
+    """The corpus configs that do not validate, as a DAG that fails Airflow's validation: the DAG
+    processor lists the messages (file, field, value, fix) as this file's import error, and keeps
+    every other corpus's DAG."""
+    dag = DAG("stoker_corpus_config_errors", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=UTC),
+              tags=["stoker"])
+
+    def fail() -> None:
+        raise ConfigError(f"{len(errors)} corpus config(s) do not validate:\n" + "\n".join(errors))
+    dag.validate = fail  # type: ignore[method-assign]
+    return dag
+
+
+_configs, _errors = load_each(paths.corpora_dir())
+for _cfg in _configs:
     globals()[f"refresh_{_cfg.name}"] = build_dag(_cfg)
+if _errors:
+    stoker_corpus_config_errors = config_errors_dag(_errors)

@@ -352,3 +352,15 @@ def load_corpus(path: str | Path) -> CorpusConfig:
 def load_all(folder: str | Path) -> list[CorpusConfig]:
     """Every ``*.yaml`` in ``folder``, sorted by name."""
     return [load_corpus(p) for p in sorted(Path(folder).glob("*.yaml"))]
+
+
+def load_each(folder: str | Path) -> tuple[list[CorpusConfig], list[str]]:
+    """Every ``*.yaml`` in ``folder`` that validates, and a message for each that does not: one
+    broken config must not take the others down."""
+    good, errors = [], []
+    for p in sorted(Path(folder).glob("*.yaml")):
+        try:
+            good.append(load_corpus(p))
+        except ConfigError as e:
+            errors.append(str(e) if str(p) in str(e) else f"{p}: {e}")
+    return good, errors

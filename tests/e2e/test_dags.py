@@ -54,16 +54,26 @@ def test_dag_module_imports_no_heavy_library():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_a_bad_corpus_config_fails_at_parse_with_the_field_named(tmp_path):
-    bad = tmp_path / "corpora"
-    bad.mkdir()
-    text = (REPO / "corpora" / "sample.yaml").read_text().replace("seq_len: 256", "seq_len: 1")
-    (bad / "sample.yaml").write_text(text)
-    env = {**os.environ, "STOKER_CORPORA": str(bad)}
-    out = subprocess.run([sys.executable, "-c", "import dags.refresh_dags"], cwd=REPO, env=env,
-                         capture_output=True, text=True)
-    assert out.returncode != 0
-    assert "pack.seq_len = 1: must be in [2, 1048576]" in out.stderr
+BAG = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder="dags")
+print("BAG=" + json.dumps({"dags": sorted(bag.dags), "errors": bag.import_errors}))
+"""
+
+
+def test_a_bad_corpus_config_is_an_import_error_and_the_others_stay(tmp_path):
+    folder = tmp_path / "corpora"
+    folder.mkdir()
+    text = (REPO / "corpora" / "sample.yaml").read_text()
+    (folder / "sample.yaml").write_text(text.replace("seq_len: 256", "seq_len: 1"))
+    (folder / "other.yaml").write_text(text.replace("name: sample", "name: other"))
+    env = {**os.environ, "STOKER_CORPORA": str(folder)}
+    out = subprocess.run([sys.executable, "-c", BAG], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    bag = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("BAG="))[4:])
+    assert "refresh_other" in bag["dags"] and "refresh_sample" not in bag["dags"]  # the good corpus keeps its DAG
+    errors = "\n".join(bag["errors"].values())
+    assert f"{folder / 'sample.yaml'}" in errors and "pack.seq_len = 1: must be in [2, 1048576]" in errors
 
 
 DAG_TEST = """
