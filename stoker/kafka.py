@@ -43,7 +43,7 @@ def config_from_env(var: str = "STOKER_KAFKA_CONFIG") -> dict[str, Any]:
     raw = os.environ.get(var)
     if not raw:
         raise ConfigError(f"{var} is not set: it must hold the Kafka client config as JSON, "
-                          'e.g. {"bootstrap.servers": "127.0.0.1:39092"}')
+                          'e.g. {"bootstrap.servers": "127.0.0.1:29092"}')
     try:
         conf = json.loads(raw)
     except json.JSONDecodeError as e:

@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_STATE = Path(os.environ.get("STOKER_TEST_HOME", REPO / ".stoker" / "test"))
-TEST_KAFKA_PORT = 39192
+TEST_KAFKA_PORT = 29192
 
 os.environ["STOKER_HOME"] = str(TEST_STATE)
 os.environ["STOKER_PROJECT"] = str(REPO)

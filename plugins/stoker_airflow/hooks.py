@@ -23,7 +23,7 @@ class StokerKafkaHook(KafkaBaseHook):
             return self._build_config()
         except ValueError as e:
             raise ConfigError(f"connection {self.kafka_config_id!r}: {e}: set its extra to the Kafka client "
-                              'config JSON, e.g. {"bootstrap.servers": "127.0.0.1:39092"}') from None
+                              'config JSON, e.g. {"bootstrap.servers": "127.0.0.1:29092"}') from None
 
     def subprocess_config(self) -> dict[str, Any]:
         """For a Spark job or a trainer (``STOKER_KAFKA_CONFIG``): plain JSON, callbacks still as the

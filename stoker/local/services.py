@@ -41,7 +41,7 @@ ADMIN_USER = "admin"
 class LocalStack:
     home: Path
     api_port: int = 8080
-    pg_port: int = 39432
+    pg_port: int = 29432
     parallelism: int = 4
 
     @property
@@ -69,9 +69,9 @@ class LocalStack:
 
 
 def default_stack() -> LocalStack:
-    """Ports from ``STOKER_API_PORT`` (8080) and ``STOKER_PG_PORT`` (39432); ``STOKER_PARALLELISM``."""
+    """Ports from ``STOKER_API_PORT`` (8080) and ``STOKER_PG_PORT`` (29432); ``STOKER_PARALLELISM``."""
     return LocalStack(home=paths.state_dir() / "stack", api_port=int(os.environ.get("STOKER_API_PORT", 8080)),
-                 pg_port=int(os.environ.get("STOKER_PG_PORT", 39432)),
+                 pg_port=int(os.environ.get("STOKER_PG_PORT", 29432)),
                  parallelism=int(os.environ.get("STOKER_PARALLELISM", 4)))
 
 

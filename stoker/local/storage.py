@@ -15,10 +15,10 @@ from stoker import paths
 from stoker.exceptions import StackError
 from stoker.process import ProcessRecord
 
-S3_BASE_PORT = 39400
-"""`stoker storage up`'s SeaweedFS uses 39400-39407; its S3 endpoint is http://127.0.0.1:39406."""
-HDFS_RPC_PORT, HDFS_HTTP_PORT = 39820, 39870
-"""`stoker storage up`'s NameNode: hdfs://127.0.0.1:39820, WebHDFS on http://127.0.0.1:39870
+S3_BASE_PORT = 29400
+"""`stoker storage up`'s SeaweedFS uses 29400-29407; its S3 endpoint is http://127.0.0.1:29406."""
+HDFS_RPC_PORT, HDFS_HTTP_PORT = 29820, 29870
+"""`stoker storage up`'s NameNode: hdfs://127.0.0.1:29820, WebHDFS on http://127.0.0.1:29870
 (corpora/examples/sample_hdfs.yaml points there)."""
 
 

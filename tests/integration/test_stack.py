@@ -71,7 +71,7 @@ def test_pyspark_and_its_client_agree_and_arrow_udfs_work(spark):
 def test_storage_formats_with_a_cluster_id_that_starts_with_a_dash(tmp_path):
     """One random id in 64 starts with '-' (base64url): the format command must not read it as an option
     (it did, and failed CI once)."""
-    b = stack.Broker(home=tmp_path / "kafka", port=39792)
+    b = stack.Broker(home=tmp_path / "kafka", port=29792)
     b.home.mkdir()
     b.config_file.write_text(stack._server_properties(b))
     stack._format_storage(b, cluster_id="-AbCdEfGhIjKlMnOpQrStU")

@@ -27,7 +27,7 @@ from stoker.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 STACK_HOME = Path(os.environ["STOKER_HOME"]) / "stack-it"  # inside the suite's state folder
-PORTS = {"STOKER_KAFKA_PORT": "39292", "STOKER_API_PORT": "38080", "STOKER_PG_PORT": "39532"}
+PORTS = {"STOKER_KAFKA_PORT": "29292", "STOKER_API_PORT": "28080", "STOKER_PG_PORT": "29532"}
 NIGHTLY = """\
 name: nightly
 description: One folder of documents per night; the test corpus of schedules and backfills.

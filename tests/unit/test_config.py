@@ -19,7 +19,7 @@ def _data() -> dict:
 def test_every_shipped_corpus_validates():
     examples = {c.name: c for c in load_all(paths.REPO_ROOT / "corpora" / "examples")}
     assert examples["sample_s3"].source.render("2026-12-01") == "s3://corpora/sample/2026-12-01"
-    assert examples["sample_hdfs"].source.render("2026-12-01").startswith("hdfs://127.0.0.1:39820/")
+    assert examples["sample_hdfs"].source.render("2026-12-01").startswith("hdfs://127.0.0.1:29820/")
     configs = load_all(paths.REPO_ROOT / "corpora")
     assert "sample" in [c.name for c in configs]
     cfg = load_corpus(SAMPLE)

@@ -25,7 +25,7 @@ from stoker.exceptions import StackError
 from stoker.process import ProcessRecord
 
 KAFKA_VERSION = "4.1.1"
-DEFAULT_PORT = 39092
+DEFAULT_PORT = 29092
 
 
 def kafka_libs() -> Path:
@@ -108,8 +108,10 @@ def _classpath() -> str:
 def tool_command(main_class: str, *args: str) -> list[str]:
     """The command line of one of Kafka's own tools (``org.apache.kafka.tools.ProducerPerformance``,
     ``...ConsumerGroupCommand``, ``...GetOffsetShell``): clients independent of Stoker's code."""
+    logs = paths.state_dir() / "kafka-tools"
+    logs.mkdir(parents=True, exist_ok=True)
     return [_java(), "-Xmx512m", "-cp", _classpath(), f"-Dlog4j2.configurationFile={_log4j_config()}",
-            main_class, *args]
+            f"-Dkafka.logs.dir={logs}", main_class, *args]
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -59,8 +59,11 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def free_ports(n: int, start: int = 20000, end: int = 60000) -> int:
-    """The first of ``n`` consecutive ports on 127.0.0.1 that nothing listens on."""
+def free_ports(n: int, start: int = 20000, end: int = 28000) -> int:
+    """The first of ``n`` consecutive ports on 127.0.0.1 that nothing listens on.
+
+    The default range lies below Linux's ephemeral ports (32768-60999), where any client socket can
+    take a port for a moment and a later bind then fails, and below Stoker's fixed ports (28080-29870)."""
     rng = secrets.SystemRandom()
     for _ in range(200):
         base = rng.randrange(start, end - n)
