@@ -78,6 +78,12 @@ class TrainerFiles:
     def loss_curve(self) -> Path:
         return self.folder / "loss.png"
 
+    @property
+    def keys_log(self) -> Path:
+        """The audit log of trained keys (``train.log_keys``): a line per step, one file per rank
+        (``{rank}`` is the rank)."""
+        return self.folder / "keys.{rank}.jsonl"
+
     def exit_code(self) -> int | None:
         try:
             return int(self.rc.read_text().strip())

@@ -217,9 +217,9 @@ class Trainer:
     def _open_keys_log(self) -> Any:
         if not self.args.log_keys:
             return None
-        path = Path(self.args.log_keys.replace("{rank}", str(self.rank)))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "a")  # noqa: SIM115 - closed in finish()
+        from training.metrics import open_log
+
+        return open_log(Path(self.args.log_keys.replace("{rank}", str(self.rank))))  # closed in finish()
 
     def train_step(self) -> StepStats | None:
         """One step on every rank; None once no rank has data left."""
@@ -281,6 +281,19 @@ class Trainer:
                                           extra=self.progress.state_dict())
         self.saved_step = self.progress.step
 
+    def _offsets_moved(self) -> bool:
+        """Whether any rank's offsets moved since the last checkpoint without a step: reaching the end
+        of a partition passes its last transaction markers. The last step being a checkpoint step must
+        not leave the group's committed offsets short of the end (its lag would never reach 0)."""
+        import torch
+        import torch.distributed as dist
+
+        saved = self.data_state.get("next_offsets", {})
+        moved = any(saved.get(str(p)) != self.source.offsets[p] for p in self.source.partitions)
+        flag = torch.tensor([int(moved)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def train(self) -> dict[str, Any]:
         t_start, wait_start = time.perf_counter(), self.source.wait_seconds
         while self.args.max_steps is None or self.progress.step < self.args.max_steps:
@@ -290,7 +303,7 @@ class Trainer:
             self.after_step(stats)
             if self.checkpoint_due():
                 self.checkpoint()
-        if self.saved_step != self.progress.step or not self.data_state:
+        if self.saved_step != self.progress.step or not self.data_state or self._offsets_moved():
             self.checkpoint()
         return self.finish(time.perf_counter() - t_start, self.source.wait_seconds - wait_start)
 

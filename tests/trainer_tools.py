@@ -1,0 +1,118 @@
+"""A published run to train on and the trainer launched as a process tree, for the tests that train
+against a real broker (tests/integration/test_train.py) or hurt one (tests/faults, bench/soak.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from stoker import kafka as skafka
+from stoker import records
+from stoker.manifest import Manifest, PartitionRange, write_manifest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def publish_run(config: dict, tokenizer: Path, out: Path, *, partitions: int = 4, per_partition: int = 41,
+                seq_len: int = 32, replication: int = 1, name: str = "train") -> Manifest:
+    """A run topic published in one transaction (random token ids, ``per_partition`` sequences in each
+    partition) and its manifest in ``out``."""
+    from confluent_kafka import Producer
+
+    topic = f"stoker.{name}.{time.time_ns()}.a1"
+    skafka.create_topic(config, topic, partitions, replication,
+                        {"min.insync.replicas": str(min(2, replication))})
+    producer = Producer({**config, "transactional.id": topic, "acks": "all"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    rng = np.random.default_rng(0)
+    counts: Counter[int] = Counter()
+    for i in range(partitions * per_partition):
+        p = i % partitions
+        producer.produce(topic, key=records.make_key(0, i), partition=p,
+                         value=records.encode_value(rng.integers(2, 8192, seq_len + 1), "uint16"),
+                         headers=records.encode_headers("t/2026-12-01", "uint16", doc_starts=[0, 11]))
+        counts[p] += 1
+    producer.commit_transaction(30)
+    ends = skafka.stable_end_offsets(config, topic)
+    m = Manifest(run_id="t/2026-12-01", corpus="t", ds="2026-12-01", topic=topic,
+                 partitions=[PartitionRange(partition=p, start_offset=0, end_offset=ends[p], sequences=counts[p])
+                             for p in range(partitions)],
+                 seq_len=seq_len, dtype="uint16", tokenizer_path=str(tokenizer), tokenizer_sha256="0" * 64,
+                 vocab_size=8192, docs_in=1, docs_kept=1, docs_dropped={},
+                 tokens=sum(counts.values()) * (seq_len + 1), padding_tokens=0, sequences=sum(counts.values()),
+                 source_uri="/synthetic")
+    write_manifest(out, m)
+    return m
+
+
+def all_keys(m: Manifest) -> list[str]:
+    """The keys :func:`publish_run` gave the run's sequences, sorted."""
+    return sorted(records.make_key(0, i).decode() for i in range(m.sequences))
+
+
+def launch_trainer(manifest_path: Path, out: Path, kafka_config: dict, nproc: int, *extra: str) -> subprocess.Popen:
+    """``torchrun`` of training/train.py in a session of its own, logging every step's keys."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STOKER_KAFKA_CONFIG": json.dumps(kafka_config),
+           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
+                                                  str(Path.home() / ".cache" / "stoker" / "torch-extensions"))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(29600 + os.getpid() % 300), str(REPO / "training" / "train.py"), "--manifest", str(manifest_path),
+           "--out", str(out), "--micro-batch-size", "2", "--log-keys", str(out / "keys.{rank}.jsonl"), *extra]
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / f"launch-{time.time_ns()}.log", "w")  # noqa: SIM115 - the child owns it
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+
+
+def launch_logs(out: Path) -> str:
+    return "".join(p.read_text(errors="replace")[-3000:] for p in sorted(out.glob("launch-*.log")))
+
+
+def wait_trainer(proc: subprocess.Popen, out: Path, timeout: float = 600) -> None:
+    rc = proc.wait(timeout=timeout)
+    assert rc == 0, launch_logs(out)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process under it (torchrun starts its ranks in sessions of their own)."""
+    import psutil
+
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        p.kill()
+    psutil.wait_procs(tree, timeout=30)
+    proc.wait()
+
+
+def keys_by_step(out: Path) -> dict[int, list[str]]:
+    """step → keys trained in that step (all ranks); a torn last line of a killed rank is skipped."""
+    steps: dict[int, list[str]] = {}
+    for f in out.glob("keys.*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            steps.setdefault(row["step"], []).extend(row["keys"])
+    return steps
+
+
+def await_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> int:
+    """Until the trainer's metrics reach ``step``; the step reached."""
+    from training.metrics import read_log
+
+    deadline = time.monotonic() + timeout
+    while True:
+        reached = max((r["step"] for r in read_log(out / "metrics.jsonl")), default=0)
+        if reached >= step:
+            return reached
+        assert proc.poll() is None, f"the trainer exited ({proc.returncode}) before step {step}:\n{launch_logs(out)}"
+        assert time.monotonic() < deadline, f"the trainer did not reach step {step} in {timeout}s"
+        time.sleep(0.2)

@@ -1,0 +1,81 @@
+"""A trainer that dies is relaunched by the train task's own retries, a bounded number of times, and
+the logs of a relaunched trainer read as one life: the steps after its last checkpoint count once."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from stoker.layout import RunLayout, TrainerFiles
+from stoker.manifest import Manifest, PartitionRange, write_manifest
+from stoker_airflow.triggers import TRAINER_LOST
+from training.metrics import lineage, open_log, read_log, read_metrics, trained_keys
+
+pytestmark = pytest.mark.unit
+
+
+def _manifest() -> Manifest:
+    return Manifest(run_id="c/2026-12-01", corpus="c", ds="2026-12-01", topic="stoker.c.20261201.a1",
+                    partitions=[PartitionRange(partition=0, start_offset=0, end_offset=100, sequences=100)],
+                    seq_len=256, dtype="uint16", tokenizer_path="t", tokenizer_sha256="x", vocab_size=10,
+                    docs_in=50, docs_kept=40, docs_dropped={"duplicate": 10}, tokens=25_000, padding_tokens=700,
+                    sequences=100, source_uri="data", created_at="2026-12-01T00:00:00")
+
+
+def test_a_resumed_life_replaces_the_steps_after_the_checkpoint():
+    rows = [{"step": s} for s in (1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 2, 3)]
+    assert [r["step"] for r in lineage(rows)] == [1, 2, 3]  # the last life resumed from step 1
+    rows = [{"step": s, "life": 1} for s in (1, 2, 3, 4)] + [{"step": s, "life": 2} for s in (3, 4, 5)]
+    assert [(r["step"], r["life"]) for r in lineage(rows)] == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 2)]
+
+
+def test_a_relaunch_starts_a_fresh_line_after_a_torn_one(tmp_path):
+    files = TrainerFiles(tmp_path)
+    log0 = tmp_path / "keys.0.jsonl"
+    log0.write_text('{"step": 1, "keys": ["a", "b"]}\n{"step": 2, "keys": ["c", "d"]}\n{"step": 3, "ke')  # killed
+    with open_log(log0) as f:  # the relaunch, resumed from a checkpoint at step 1
+        f.write(json.dumps({"step": 2, "keys": ["c", "d"]}) + "\n" + json.dumps({"step": 3, "keys": ["e"]}) + "\n")
+    (tmp_path / "keys.1.jsonl").write_text('{"step": 1, "keys": ["x"]}\n')
+    assert [r["step"] for r in read_log(log0)] == [1, 2, 2, 3]  # the torn line is skipped, not glued
+    assert sorted(trained_keys(files)) == ["a", "b", "c", "d", "e", "x"]
+    files.metrics.write_text("".join(json.dumps({"step": s, "loss": s}) + "\n" for s in (1, 2, 3, 2, 3, 4)))
+    assert [r["step"] for r in read_metrics(files.metrics)] == [1, 2, 3, 4]
+
+
+def _operator(tmp_path, retries: int):
+    from stoker_airflow.operators import DeepSpeedTrainOperator
+
+    run = RunLayout.of("c", "2026-12-01", root=tmp_path)
+    write_manifest(run.run_dir, _manifest())
+    return DeepSpeedTrainOperator(task_id="train", manifest_path=str(run.manifest), retries=retries)
+
+
+@pytest.mark.parametrize("try_number, retryable", [(1, True), (3, True), (4, False)])
+def test_a_dead_trainer_fails_the_try_for_a_relaunch_until_the_restarts_are_spent(tmp_path, try_number, retryable):
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    op = _operator(tmp_path, retries=3)
+    context = {"ti": SimpleNamespace(try_number=try_number)}
+    with pytest.raises(AirflowException) as e:
+        op.execute_complete(context, {"status": "trainer_failed", "rc": TRAINER_LOST, "lag": 40})
+    assert isinstance(e.value, AirflowFailException) is not retryable
+    assert "killed as a whole" in str(e.value) and "at 40 messages of lag" in str(e.value)
+    assert ("the retry relaunches it from its last checkpoint" in str(e.value)) is retryable
+    assert ("no restart left (train.max_restarts = 3)" in str(e.value)) is not retryable
+
+
+@pytest.mark.parametrize("status", ["timeout", "retention_expiring", "trainer_stopped_early"])
+def test_what_a_relaunch_cannot_fix_fails_for_good(tmp_path, status):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException):
+        _operator(tmp_path, retries=3).execute_complete({"ti": SimpleNamespace(try_number=1)},
+                                                        {"status": status, "lag": 5, "partitions": {"0": 5}})
+
+
+def test_caught_up_returns_the_trainer(tmp_path):
+    out = _operator(tmp_path, retries=3).execute_complete({"ti": SimpleNamespace(try_number=2)},
+                                                          {"status": "caught_up", "rc": 0, "lag": 0})
+    assert out["consumed"] is True and out["topic"] == "stoker.c.20261201.a1"
