@@ -34,9 +34,10 @@ DOC = """
 **Flow**: `await_source` (the drop at `{uri}` is complete) → `tokenize_publish` (Spark: validate,
 normalise, dedup, tokenise, pack {seq_len}+1-token sequences, publish exactly once to a run-scoped
 Kafka topic, write the manifest last) → `await_published` (the topic's committed end offsets equal
-the manifest's) → `train` (DeepSpeed, {world} rank(s), recipe `{recipe}`, launched detached; reads
-the topic, resumes from its last checkpoint) → `await_consumed` (deferred: the training consumer group's
-lag reaches 0, progress logged as % of the run's tokens) → `report` (the run summary).
+the manifest's) → `train` (DeepSpeed, {world} rank(s), recipe `{recipe}`, launched detached and
+followed, deferred, until the training consumer group has consumed the run; a trainer that dies is
+relaunched by the task's retry and resumes from its last checkpoint) → `await_consumed` (Kafka
+confirms the group's lag is 0) → `report` (the run summary).
 
 Run state: `.stoker/runs/{name}/<date>/` (manifest.json, quarantine/, timings.json, summary.json).
 Print a run's summary with `stoker runs show {name}/<date>`.
@@ -66,11 +67,13 @@ def _params(cfg: CorpusConfig) -> dict[str, Param]:
 
 def _assets(cfg: CorpusConfig) -> tuple[Asset, Asset, Asset]:
     """The corpus source, the run topics and the trained model, so lineage shows in the UI's Assets view.
-    The topic's URI names the Kafka connection in its host part (no connection lookup at parse time)."""
+    The topic's URI names the Kafka connection in its host part (no connection lookup at parse time).
+    The source asset is named by its URI: corpora that read the same data share it (Airflow keeps one
+    asset per URI and fails tasks whose inlets name an asset it deactivated)."""
     src = cfg.source.uri.split("{ds", 1)[0]
-    src = paths.expand(src) if "://" in src else "file://" + str(paths.resolve_local(src))
+    src = (paths.expand(src) if "://" in src else "file://" + str(paths.resolve_local(src))).rstrip("/") + "/"
     model = RunLayout.of(cfg.name, "").run_dir
-    return (Asset(name=f"stoker.{cfg.name}.source", uri=src.rstrip("/") + "/", group="corpus"),
+    return (Asset(name=src, uri=src, group="corpus"),
             Asset(name=f"stoker.{cfg.name}.sequences", uri=f"kafka://{KAFKA_CONN}/{topic_prefix(cfg.name)}",
                   group="sequences"),
             Asset(name=f"stoker.{cfg.name}.model", uri=f"file://{model}/", group="model"))
@@ -100,14 +103,17 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
     with TaskGroup("training", tooltip="DeepSpeed trains on the run's topic; follow its consumer lag") as group:
         train = DeepSpeedTrainOperator(
             task_id="train", manifest_path=str(run.manifest), recipe=cfg.train.recipe,
-            world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic],
-            doc_md="Launches the trainer detached (torchrun); a retry follows a trainer still running.",
+            world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic], poll_interval=5,
+            timeout_s=cfg.train.timeout_s, log_keys=cfg.train.log_keys, retries=cfg.train.max_restarts,
+            retry_delay=timedelta(seconds=cfg.train.restart_delay_s), retry_exponential_backoff=False,
+            doc_md=("Launches the trainer detached (torchrun) and follows it, deferred, until it has consumed "
+                    "the run (progress as % of the run's tokens). A trainer that dies fails this try within "
+                    "one poll; the retry relaunches it from its last checkpoint (train.max_restarts)."),
         )
         await_consumed = KafkaLagSensor(
             task_id="await_consumed", manifest_path=str(run.manifest), follow_trainer=True, max_lag=0,
             kafka_config_id=KAFKA_CONN, poll_interval=5, timeout=cfg.train.timeout_s, outlets=[model],
-            doc_md="The training group's lag reaches 0 (progress as % of the run's tokens); fails if the "
-                   "trainer exits early.",
+            doc_md="Confirms from Kafka that the training group's lag is 0 and the trainer exited cleanly.",
         )
         train >> await_consumed
     return group

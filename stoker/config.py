@@ -230,13 +230,25 @@ class TrainConfig:
     world_size: int = 1
     """Training ranks; topic.partitions must be a multiple of it."""
     timeout_s: int = 24 * 3600
-    """How long await_consumed waits for the trainer to consume the run."""
+    """How long one launch of the trainer may take to consume the run (the train task's deadline)."""
+    max_restarts: int = 3
+    """Relaunches of a trainer that died (the train task's Airflow retries); each resumes from the
+    latest checkpoint."""
+    restart_delay_s: int = 10
+    """Seconds between a trainer's death and its relaunch."""
+    log_keys: bool = False
+    """Audit: every step's sequence keys, per rank, in the trainer folder's ``keys.<rank>.jsonl``
+    (what the weights saw: each key exactly once, across restarts)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise _fail("train.world_size", self.world_size, "must be >= 1")
         if self.timeout_s < 1:
             raise _fail("train.timeout_s", self.timeout_s, "must be >= 1")
+        if not 0 <= self.max_restarts <= 100:
+            raise _fail("train.max_restarts", self.max_restarts, "must be in [0, 100]")
+        if self.restart_delay_s < 0:
+            raise _fail("train.restart_delay_s", self.restart_delay_s, "must be >= 0")
 
 
 @dataclass(kw_only=True, slots=True)

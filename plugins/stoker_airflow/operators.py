@@ -24,6 +24,10 @@ SPARK_CONF = {
 }
 
 
+SECRETS_FILE = "stoker-secrets.json"
+"""What :meth:`TokenizePublishOperator.hand_over` ships to YARN and Kubernetes jobs (``--files``)."""
+
+
 def default_spark_conf(ram_bytes: int | None = None) -> dict[str, str]:
     """Stoker's Spark settings, sized from this machine: the JVM gets an eighth of the memory, between
     1 and 2 GiB. Records stream in bounded batches and persisted data spills to disk, so the heap
@@ -81,18 +85,53 @@ class TokenizePublishOperator(SparkSubmitOperator):
         self.application_args = ["--corpus", self.corpus_path, "--ds", self.ds, "--topic", topic,
                                  "--run-dir", str(run.run_dir), *self.extra_args]
         hook = StokerKafkaHook(self.kafka_config_id)
-        self.env_vars = {**(self.env_vars or {}), "STOKER_KAFKA_CONFIG": json.dumps(hook.subprocess_config()),
-                         "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        self.env_vars = {**(self.env_vars or {}), "PYSPARK_PYTHON": sys.executable,
+                         "PYSPARK_DRIVER_PYTHON": sys.executable}
+        secrets = {"STOKER_KAFKA_CONFIG": json.dumps(hook.subprocess_config())}
         if self._source_uri(cfg).startswith(("s3://", "s3a://")):
             from stoker.connectors import s3a_jars
             from stoker_airflow.hooks import s3_settings
 
             # complete: the connection's settings replace this worker's own AWS_* environment, never mix
-            self.env_vars.update(s3_settings(self.aws_conn_id).to_env(complete=True))
+            secrets.update(s3_settings(self.aws_conn_id).to_env(complete=True))
             self.jars = ",".join([*(self.jars.split(",") if self.jars else []), *map(str, s3a_jars())])
-        super().execute(context)
+        folder = self.hand_over(secrets)
+        try:
+            super().execute(context)
+        finally:
+            if folder is not None:
+                import shutil
+
+                shutil.rmtree(folder, ignore_errors=True)
         self._drop_earlier_attempts(hook.client_config(), topic)
         _annotate_outlets(self, context, run.run_dir)
+
+    def hand_over(self, secrets: dict[str, str]) -> Path | None:
+        """Give the job its secrets (Kafka client config, S3 credentials) without a command line.
+
+        Local and standalone masters: in spark-submit's environment. YARN and Kubernetes: the
+        provider's hook turns ``env_vars`` into ``--conf spark.yarn.appMasterEnv.*`` /
+        ``spark.kubernetes.driverEnv.*`` arguments, visible in any process listing, so they go in a
+        file only this user can read, shipped by Spark's ``--files`` (YARN puts it in the driver's
+        and executors' working folders) and named by ``--secrets-file``; the folder is removed
+        after the submit (returned). Enable ``spark.authenticate`` and ``spark.network.crypto.enabled``
+        on such clusters: the job hands the settings to its tasks."""
+        import tempfile
+
+        from airflow.sdk import BaseHook
+
+        from stoker.paths import write_private
+
+        master = str(BaseHook.get_connection(self._conn_id).host or "")
+        if "yarn" not in master and "k8s" not in master:
+            self.env_vars = {**(self.env_vars or {}), **secrets}
+            return None
+        folder = Path(tempfile.mkdtemp(prefix="stoker-secrets-"))  # 0700
+        write_private(folder / SECRETS_FILE, json.dumps(secrets))
+        self.files = ",".join([*(self.files.split(",") if self.files else []), str(folder / SECRETS_FILE)])
+        # client mode: the driver reads it where it is; cluster mode: the same name in its working folder
+        self.application_args = [*(self.application_args or []), "--secrets-file", str(folder / SECRETS_FILE)]
+        return folder
 
     def _drop_earlier_attempts(self, config: dict[str, Any], topic: str) -> None:
         """The manifest names ``topic`` now: the run's other attempts' topics and the task log are garbage."""
@@ -165,20 +204,25 @@ class RunReportOperator(BaseOperator):
 
 
 class DeepSpeedTrainOperator(BaseOperator):
-    """Launches the trainer on the run's topic, detached, and returns: a training run can take hours
-    and must not hold a worker slot (``await_consumed`` follows it, deferred).
+    """Launches the trainer on the run's topic, detached, and follows it to the end, deferred: a
+    training run can take hours and must not hold a worker slot.
 
     The launcher (``torchrun``, or ``deepspeed`` with a hostfile for several nodes) runs in a session
-    of its own with its log, process record and exit code in the run's trainer folder. A retry while that trainer still
-    runs adopts it instead of starting a second one on the same checkpoint folder; a later start
-    resumes from the latest checkpoint.
+    of its own with its log, process record and exit code in the run's trainer folder. While deferred,
+    the triggerer polls the training group's lag and the trainer's liveness: the task succeeds when
+    the trainer has consumed the run and exited cleanly. A trainer that dies, however it dies (a
+    failed rank, the whole process group killed, the OOM killer), fails this try within one poll
+    interval, and Airflow's retry (``retries``: the corpus's ``train.max_restarts``) relaunches it from
+    its latest checkpoint, whose Kafka offsets make the resume exact. A retry while a trainer still
+    runs adopts it instead of starting a second one on the same checkpoint folder.
     """
 
     template_fields: Sequence[str] = ("manifest_path",)
 
     def __init__(self, *, manifest_path: str, recipe: str = "debug_cpu", world_size: int = 1,
                  launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
-                 extra_args: list[str] | None = None, **kwargs: Any) -> None:
+                 extra_args: list[str] | None = None, poll_interval: float = 5.0, timeout_s: float = 24 * 3600,
+                 log_keys: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if world_size < 1:
             raise ValueError(f"world_size = {world_size}: must be >= 1")
@@ -190,12 +234,23 @@ class DeepSpeedTrainOperator(BaseOperator):
         self.launcher = launcher
         self.kafka_config_id = kafka_config_id
         self.extra_args = list(extra_args or [])
+        self.poll_interval = poll_interval
+        self.timeout_s = timeout_s
+        self.log_keys = log_keys
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def _launcher(self, m: Any) -> Any:
         from stoker.layout import RunLayout
+        from stoker_airflow.launcher import TrainerLauncher
+
+        return TrainerLauncher(RunLayout.of_manifest(self.manifest_path).trainer(m.topic))
+
+    def execute(self, context: Any) -> None:
+        import time
+
+        from stoker.layout import consumer_group
         from stoker.manifest import read_manifest
         from stoker.runs import training_skipped
-        from stoker_airflow.launcher import TrainerLauncher
+        from stoker_airflow.sensors import lag_trigger
 
         m = read_manifest(self.manifest_path)
         skipped = training_skipped(m)
@@ -203,14 +258,38 @@ class DeepSpeedTrainOperator(BaseOperator):
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(skipped)
-        launcher = TrainerLauncher(RunLayout.of_manifest(self.manifest_path).trainer(m.topic))
+        launcher = self._launcher(m)
         launcher.adopt_or_reset(m)
         if launcher.running():
             self.log.info("trainer already running (pid %s): following it", launcher.pid())
-            return launcher.describe(m.topic)
-        config = StokerKafkaHook(self.kafka_config_id).subprocess_config()
-        cmd = launcher.command(self.manifest_path, self.recipe, self.world_size, self.launcher, self.extra_args)
-        pid = launcher.start(m, cmd, {"STOKER_KAFKA_CONFIG": json.dumps(config)}, self.world_size)
-        self.log.info("trainer started (pid %d, %d ranks): %s; log %s", pid, self.world_size, " ".join(cmd),
-                      launcher.files.log)
-        return launcher.describe(m.topic)
+        else:
+            config = StokerKafkaHook(self.kafka_config_id).subprocess_config()
+            extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if self.log_keys else [])]
+            cmd = launcher.command(self.manifest_path, self.recipe, self.world_size, self.launcher, extra)
+            pid = launcher.start(m, cmd, {"STOKER_KAFKA_CONFIG": json.dumps(config)}, self.world_size)
+            self.log.info("trainer started (pid %d, %d ranks, try %d): %s; log %s", pid, self.world_size,
+                          context["ti"].try_number, " ".join(cmd), launcher.files.log)
+        self.defer(trigger=lag_trigger(m, consumer_group(m.topic), self.kafka_config_id, self.poll_interval,
+                                       time.time() + self.timeout_s, rc_file=str(launcher.files.rc)),
+                   method_name="execute_complete")
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        from stoker.layout import consumer_group
+        from stoker.manifest import read_manifest
+        from stoker_airflow.sensors import lag_failure
+
+        m = read_manifest(self.manifest_path)
+        launcher = self._launcher(m)
+        if event["status"] == "caught_up":
+            return {**launcher.describe(m.topic), "consumed": True}
+        why = lag_failure(event, m, consumer_group(m.topic), launcher.files, self.timeout_s)
+        if event["status"] != "trainer_failed":
+            raise AirflowFailException(why)  # a relaunch cannot help: timeout, retention, stopped early
+        tries, restarts = context["ti"].try_number, self.retries or 0
+        if tries > restarts:
+            raise AirflowFailException(f"{why}; no restart left (train.max_restarts = {restarts}): fix the cause "
+                                       "and clear this task, it resumes from the last checkpoint")
+        raise AirflowException(f"{why}; restart {tries} of {restarts}: the retry relaunches it from its last "
+                               "checkpoint")

@@ -220,38 +220,47 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
 
     def _trigger(self) -> KafkaLagTrigger:
         m = read_manifest(self.manifest_path)
-        return KafkaLagTrigger(
-            topic=m.topic, group_id=self._group(m), end={str(k): v for k, v in m.end_offsets().items()},
-            start={str(p.partition): p.start_offset for p in m.partitions}, max_lag=self.max_lag,
-            tokens_per_message=m.seq_len, kafka_config_id=self.kafka_config_id,
-            poll_interval=self.poll_interval, deadline=self._deadline(), rc_file=self._rc_file(m),
-            created_at=m.created_at, retention_ms=m.retention_ms)
+        return lag_trigger(m, self._group(m), self.kafka_config_id, self.poll_interval, self._deadline(),
+                           rc_file=self._rc_file(m), max_lag=self.max_lag)
 
     def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
         m = read_manifest(self.manifest_path)
-        group, status = self._group(m), event["status"]
-        if status == "caught_up":
+        if event["status"] == "caught_up":
             return event
-        if status == "trainer_failed":
-            log = self._trainer(m).log
-            how = ("was killed as a whole (its launcher is gone without an exit code: kill -9, a lost node, the "
-                   "OOM killer)" if event.get("rc") == TRAINER_LOST else f"exited with {event.get('rc')}")
-            raise AirflowFailException(f"the trainer {how} at {event.get('lag')} messages of lag: see {log}; "
-                                       "clearing the train task resumes from its last checkpoint")
-        if status == "retention_expiring":
-            raise AirflowFailException(
-                f"{m.topic} was published at {m.created_at} with retention.ms {m.retention_ms}: its first records "
-                f"may be deleted within the hour while group {group} still lags by {event.get('lag')} messages. "
-                f"Raise it now (kafka-configs --alter --entity-type topics --entity-name {m.topic} --add-config "
-                "retention.ms=...) and clear this task, or the run loses data unread")
-        if status == "trainer_stopped_early":
-            raise AirflowFailException(f"the trainer finished but group {group} still lags by {event.get('lag')} "
-                                       f"messages per partition {event.get('partitions')}: was --max-steps set?")
-        raise AirflowFailException(
-            f"consumer group {group} still lags after {self.timeout:.0f}s: {event.get('lag')} messages "
-            f"({event.get('lag_tokens')} tokens) per partition {event.get('partitions')} "
-            f"{event.get('error', '')}: is the trainer running? raise the sensor timeout or max_lag"
-        )
+        why = lag_failure(event, m, self._group(m), self._trainer(m), self.timeout)
+        if event["status"] == "trainer_failed":
+            why += "; the train task's retry relaunches it from its last checkpoint"
+        raise AirflowFailException(why)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         return self._finish(event)
+
+
+def lag_trigger(m: Manifest, group: str, kafka_config_id: str, poll_interval: float, deadline: float, *,
+                rc_file: str | None, max_lag: int = 0) -> KafkaLagTrigger:
+    """The trigger that follows ``group`` on the run's topic (and the trainer behind ``rc_file``)."""
+    return KafkaLagTrigger(
+        topic=m.topic, group_id=group, end={str(k): v for k, v in m.end_offsets().items()},
+        start={str(p.partition): p.start_offset for p in m.partitions}, max_lag=max_lag,
+        tokens_per_message=m.seq_len, kafka_config_id=kafka_config_id, poll_interval=poll_interval,
+        deadline=deadline, rc_file=rc_file, created_at=m.created_at, retention_ms=m.retention_ms)
+
+
+def lag_failure(event: dict[str, Any], m: Manifest, group: str, trainer: TrainerFiles, timeout: float) -> str:
+    """Why a followed run did not end caught up: the status of a lag trigger's event, in words."""
+    status = event["status"]
+    if status == "trainer_failed":
+        how = ("was killed as a whole (its launcher is gone without an exit code: kill -9, a lost node, the "
+               "OOM killer)" if event.get("rc") == TRAINER_LOST else f"exited with {event.get('rc')}")
+        return f"the trainer {how} at {event.get('lag')} messages of lag: see {trainer.log}"
+    if status == "retention_expiring":
+        return (f"{m.topic} was published at {m.created_at} with retention.ms {m.retention_ms}: its first records "
+                f"may be deleted within the hour while group {group} still lags by {event.get('lag')} messages. "
+                f"Raise it now (kafka-configs --alter --entity-type topics --entity-name {m.topic} --add-config "
+                "retention.ms=...) and clear this task, or the run loses data unread")
+    if status == "trainer_stopped_early":
+        return (f"the trainer finished but group {group} still lags by {event.get('lag')} "
+                f"messages per partition {event.get('partitions')}: was --max-steps set?")
+    return (f"consumer group {group} still lags after {timeout:.0f}s: {event.get('lag')} messages "
+            f"({event.get('lag_tokens')} tokens) per partition {event.get('partitions')} "
+            f"{event.get('error', '')}: is the trainer running? raise train.timeout_s or max_lag")

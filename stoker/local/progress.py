@@ -26,8 +26,8 @@ STAGE_TEXT = {
     "await_source": "waiting for the night's drop",
     "tokenize_publish": "Spark: read, validate, dedup, tokenise, pack, publish",
     "await_published": "checking Kafka holds the manifest's offsets",
-    "train": "launching the trainer",
-    "await_consumed": "training",
+    "train": "training",
+    "await_consumed": "checking Kafka: the training group's lag is 0",
     "report": "writing the run summary",
 }
 
@@ -111,9 +111,9 @@ class RunWatcher:
         if stage is None:
             return "start", f"[{elapsed}] starting Airflow"
         detail = STAGE_TEXT.get(stage, "")
-        if stage in ("await_published", "train") or (stage == "tokenize_publish" and ended):
+        if stage == "await_published" or (stage == "tokenize_publish" and ended):
             detail = self.published() or detail
-        if stage == "await_consumed":
+        if stage == "train":
             detail = self.training() or detail
         state = "done" if ended else "..."
         return f"{stage}:{state}", f"[{elapsed}] {stage:<17}{state:<5} {detail}"

@@ -36,14 +36,14 @@ def test_the_line_follows_the_stages_and_the_trainer(tmp_path):
     assert key == "tokenize_publish:..." and "Spark" in text and text.startswith("[0:10]")
     write_manifest(run.run_dir, _manifest())
     run.timings.write_text(json.dumps({"tokenize_publish": {"start": 1002.5, "end": 1040.0},
-                                       "await_consumed": {"start": 1045.0}}))
+                                       "train": {"start": 1045.0}}))
     metrics = run.trainer(_manifest().topic).metrics
     metrics.parent.mkdir(parents=True)
     assert "starting DeepSpeed" in w.line(1046.0)[1]
     rows = [{"step": i, "loss": 9.0 - i / 10, "tokens_per_s": 2560.0, "sequences_done": 4 * i} for i in (1, 2, 3)]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "lo')  # a torn last line
     key, text = w.line(1050.0)
-    assert key == "await_consumed:..."
+    assert key == "train:..."
     assert "step 3" in text and "loss 8.700" in text and "12/100 seq (12%)" in text and "ETA 0:08" in text
 
 

@@ -1,0 +1,119 @@
+"""A whole trainer killed mid-run (SIGKILL to its launcher and every rank at once, as a lost or
+preempted node): the train task notices within one poll, Airflow's retry relaunches it from its
+last checkpoint, and the night still ends with every sequence of the manifest trained exactly once.
+Counted by Kafka's own ConsoleConsumer (read_committed) against the trainer's keys audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from fault_tools import assert_exactly_once  # tests/faults/fault_tools.py
+
+from stoker import kafka as skafka
+from stoker.layout import RunLayout, TrainerFiles, consumer_group
+from stoker.manifest import read_manifest
+from training.metrics import read_log, trained_keys
+
+pytestmark = pytest.mark.faults
+REPO = Path(__file__).resolve().parents[2]
+DS = "2026-12-07"
+KILL_AT_STEP = 56  # past the checkpoint at step 50 (debug_cpu), long before the end (~137 steps)
+
+DAG_TEST = """
+import json
+from datetime import datetime, timezone
+from airflow.models import TaskInstance
+from airflow.utils.session import create_session
+import dags.refresh_dags as m
+run = m.refresh_trainkill.test(logical_date=datetime(2026, 12, 7, tzinfo=timezone.utc))
+with create_session() as s:
+    tis = s.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id)
+    print("TRIES=" + json.dumps({ti.task_id: ti.try_number for ti in tis}))
+print("STATE=" + json.dumps(str(run.state)))
+"""
+
+
+class _Killer:
+    """Waits for the run's trainer to pass ``KILL_AT_STEP``, then kills it as a whole."""
+
+    def __init__(self, run: RunLayout) -> None:
+        self.run = run
+        self.killed: list[int] = []
+        self.error = ""
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _trainer(self) -> TrainerFiles | None:
+        folders = list((self.run.run_dir / "train").glob("*/trainer.pid"))
+        return TrainerFiles(folders[0].parent) if folders else None
+
+    def _watch(self, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            files = self._trainer()
+            steps = [r["step"] for r in read_log(files.metrics)] if files else []
+            pid = files.process.pid() if files else None
+            if steps and max(steps) >= KILL_AT_STEP and pid:
+                tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+                for p in tree:  # the shell, the launcher and every rank: nobody writes an exit code
+                    p.kill()
+                psutil.wait_procs(tree, timeout=30)
+                self.killed = [p.pid for p in tree]
+                return
+            time.sleep(0.2)
+        self.error = f"the trainer never reached step {KILL_AT_STEP}"
+
+    def join(self) -> None:
+        self._thread.join(timeout=60)
+
+
+@pytest.fixture()
+def corpora(tmp_path) -> Path:
+    """The sample corpus as `trainkill`, with the keys audit log on and a quick relaunch."""
+    folder = tmp_path / "corpora"
+    folder.mkdir()
+    text = (REPO / "corpora" / "sample.yaml").read_text().replace("name: sample", "name: trainkill")
+    text = text.replace("  timeout_s: 3600\n", "  timeout_s: 1200\n  log_keys: true\n  restart_delay_s: 1\n"
+                        "  max_restarts: 2\n")
+    (folder / "trainkill.yaml").write_text(text)
+    return folder
+
+
+def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_once(
+        corpora, kafka_config, sample_corpus, airflow_db):
+    run = RunLayout.of("trainkill", DS)
+    shutil.rmtree(run.run_dir, ignore_errors=True)  # an earlier test run's trainer is not this one's
+    killer = _Killer(run)
+    env = {**os.environ, "STOKER_CORPORA": str(corpora)}
+    out = subprocess.run([sys.executable, "-c", DAG_TEST], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=1500)
+    killer.join()
+    logs = out.stdout[-6000:] + out.stderr[-6000:]
+    assert killer.killed, (killer.error or "the killer did not run") + "\n" + logs
+    assert 'STATE="success"' in out.stdout, logs
+    tries = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("TRIES="))[6:])
+    assert tries["training.train"] == 2, tries  # one death, one relaunch, no person involved
+    assert "was killed as a whole" in out.stdout + out.stderr  # told apart from a clean exit
+
+    m = read_manifest(run.run_dir)
+    committed = assert_exactly_once(kafka_config, run.run_dir)  # Kafka's own reader: what was published
+    files = run.trainer(m.topic)
+    trained = trained_keys(files)
+    assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
+    assert sorted(trained) == sorted(k.decode() for k in committed), "trained keys != the published sequences"
+    # the second life resumed from the checkpoint at step 50, not from the start
+    rows = read_log(Path(str(files.keys_log).replace("{rank}", "0")))
+    restarts = [b["step"] for a, b in zip(rows, rows[1:], strict=False) if b["step"] <= a["step"]]
+    assert restarts == [51], restarts
+    ends = skafka.committed_offsets(kafka_config, consumer_group(m.topic), m.topic, m.end_offsets())
+    assert skafka.compute_lag(m.end_offsets(), ends).lag == 0
