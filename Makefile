@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: versions help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit lint bench up down clean
+.PHONY: versions help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit lint bench soak up down clean
 
 help:
 	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
@@ -36,6 +36,8 @@ help:
 	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap; folder vs S3 vs HDFS;"
 	@echo "            the publish step vs Kafka's ProducerPerformance; a 2.8 GB generated corpus (a 2.2 GB file,"
 	@echo "            many small, .zst, Parquet) through tokenize_publish at default settings (~40 min)"
+	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
+	@echo "            and duplicated sequences with Kafka's own reader (TRIALS=12, ~15 min)"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
 	@echo "make down   stop exactly what make up started"
 	@echo "make lint   ruff + mypy on the core"
@@ -129,6 +131,10 @@ bench: setup test-servers
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/publish_bench.py
 	$(BIN)/python bench/scale_bench.py --shape mixed
+
+# hard faults at random points on a 3-node cluster, many trials (~1 min each); TRIALS=12 by default
+soak: setup
+	$(BIN)/python bench/soak.py --trials $${TRIALS:-12}
 
 up: setup stack-deps
 	$(BIN)/stoker up

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -130,6 +132,10 @@ def read_settled(config: Mapping[str, Any], topic: str, partition: int, timeout:
         consumer.close()
 
 
+KILL_AFTER_COMMIT = -1
+"""``fail_after`` that kills the task's worker (SIGKILL) right after its commit (testing)."""
+
+
 def publish_partition(
     packed: Iterable[records.PackedSequence | Any],
     *,
@@ -176,6 +182,8 @@ def publish_partition(
                  records.make_key(spark_partition, 0)[:6],
                  summary.to_json().encode(), None)
         producer.commit_transaction(tx_timeout_ms / 1000)
+        if fail_after == KILL_AFTER_COMMIT:  # testing: the commit landed, its result never reaches the driver
+            os.kill(os.getpid(), signal.SIGKILL)
     except BaseException:
         with contextlib.suppress(Exception):  # the fencing on retry aborts it anyway
             producer.abort_transaction(30)

@@ -263,3 +263,16 @@ def test_spark_master_and_worker_run_classes_pyspark_ships(compose):
         assert cmd[0] == "spark-class"
         assert cmd[1].replace(".", "/") + ".class" in names, f"{svc}: {cmd[1]} is not in {core.name}"
     assert (Path(pyspark.__file__).parent / "bin" / "spark-class").is_file()
+
+
+def test_the_fault_suite_finds_coordinators_as_kafka_hashes_their_keys():
+    """``String.hashCode`` and ``Utils.abs``: which __transaction_state / __consumer_offsets partition
+    (so which broker) coordinates a transactional id or a group."""
+    from kafka_cluster import _java_abs, _java_hash  # tests/kafka_cluster.py
+
+    assert _java_hash("") == 0 and _java_hash("hello") == 99162322
+    assert _java_hash("polygenelubricants") == -(1 << 31) and _java_abs(-(1 << 31)) == 0
+    assert _java_hash("\U0001F600") == 55357 * 31 + 56832  # UTF-16 code units, as Java counts them
+    # values printed by Java 17's String.hashCode()
+    assert _java_hash("stoker:stoker.cluster.20261201.a2:p0") == -1722328889
+    assert _java_hash("stoker-train.stoker.sample.20261201.a1") == -2014183887

@@ -1,0 +1,95 @@
+"""The fault suite's tools: a corpus and a spark-submit of the Spark stage to hurt, and an independent
+reader, Kafka's own ConsoleConsumer (read_committed), never Stoker's code, to count what a run committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from stoker import kafka as skafka
+from stoker import paths, records
+from stoker.local import broker
+from stoker.manifest import read_manifest
+
+
+def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, **topic: Any) -> Path:
+    """About 24 MB of distinct documents, so the pack pass runs for several seconds on two cores; the
+    corpus config ``name`` reads them (``topic`` adds topic settings)."""
+    from stoker.local import sample
+
+    texts = list(sample.texts(sample_corpus["data"]))
+    folder = tmp_path / "night"
+    folder.mkdir()
+    for f in range(2):
+        with open(folder / f"part-{f}.jsonl", "w") as out:
+            for n in range(f * 30_000, (f + 1) * 30_000):
+                out.write(json.dumps({"text": f"{texts[n % len(texts)]} [{n}]"}) + "\n")
+    (folder / "_SUCCESS").write_text("")
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(json.dumps({"name": name, "source": {"uri": str(folder)},
+                               "tokenizer": {"path": str(sample_corpus["tokenizer"])},
+                               "pack": {"seq_len": 512}, "topic": {"partitions": 4, **topic},
+                               "publish": {"spark_partitions": 4}}))
+    return cfg
+
+
+def submit(cfg: Path, topic: str, run_dir: Path, kafka_config: dict, fresh: bool = True,
+            *extra: str) -> subprocess.Popen:
+    from stoker.layout import tasks_topic
+    from stoker_airflow.operators import default_spark_conf
+
+    if fresh:  # no topic of an earlier test run: publishing is seen when this job's records arrive
+        skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
+
+    cmd = [str(paths.venv_bin("spark-submit")), "--master", "local[2,4]",
+           *[a for k, v in default_spark_conf().items() for a in ("--conf", f"{k}={v}")],
+           str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"), "--corpus", str(cfg),
+           "--ds", "2026-12-01", "--topic", topic, "--run-dir", str(run_dir), *extra]
+    env = {**os.environ, "STOKER_KAFKA_CONFIG": json.dumps(kafka_config), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    log = open(run_dir.parent / f"{run_dir.name}.log", "wb")  # noqa: SIM115 - the child writes it
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def await_publishing(kafka_config: dict, topic: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Until records of open transactions reach the topic (the pack pass is publishing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if sum(skafka.end_offsets(kafka_config, topic, committed_only=False).values()) > 0:
+                return
+        except Exception:  # noqa: BLE001 - the topic is made by the job
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{topic}: no record published within {timeout}s (job exit code {proc.poll()})")
+
+
+def committed_keys(bootstrap: str, topic: str) -> list[bytes]:
+    """Every committed key of ``topic``, read by Kafka's own ConsoleConsumer."""
+    cmd = broker.tool_command("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap,
+                              "--topic", topic, "--from-beginning", "--timeout-ms", "15000",
+                              "--isolation-level", "read_committed", "--property", "print.key=true",
+                              "--property", "print.value=false", "--property", "key.separator=|")
+    res = subprocess.run(cmd, capture_output=True, timeout=300)
+    keys = [line.strip() for line in res.stdout.splitlines() if line.strip()]
+    assert keys or res.returncode == 0, res.stderr.decode()[-2000:]
+    return keys
+
+
+def assert_exactly_once(kafka_config: dict, run_dir: Path) -> list[bytes]:
+    m = read_manifest(run_dir)
+    keys = committed_keys(kafka_config["bootstrap.servers"], m.topic)
+    assert len(keys) == m.sequences, f"the independent reader saw {len(keys)} sequences, the manifest {m.sequences}"
+    assert not [k for k, n in Counter(keys).items() if n > 1], "a sequence is committed twice"
+    by_task: dict[int, list[int]] = {}
+    for k in keys:
+        task, idx = records.parse_key(k)
+        by_task.setdefault(task, []).append(idx)
+    assert all(sorted(ix) == list(range(len(ix))) for ix in by_task.values()), "a task's keys have a gap"
+    return keys

@@ -1,0 +1,102 @@
+"""Brokers killed (SIGKILL: no controlled shutdown) on docker-compose.yaml's 3-node KRaft cluster
+(topics RF 3, min.insync.replicas 2), started by the test: the run topic's partition leader, and
+separately the transaction coordinator's broker, while the Spark stage publishes; the partition
+leader and then the training group's coordinator while the trainer consumes. Each case is counted
+by Kafka's own ConsoleConsumer (read_committed): every sequence of the manifest exactly once, and
+the trainer's keys equal the published ones."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fault_tools import assert_exactly_once, await_publishing, committed_keys, submit, write_corpus
+from kafka_cluster import ComposeCluster  # tests/kafka_cluster.py
+from trainer_tools import all_keys, await_step, keys_by_step, kill_tree, launch_trainer, publish_run, wait_trainer
+
+from stoker import kafka as skafka
+
+pytestmark = pytest.mark.faults
+REPO = Path(__file__).resolve().parents[2]
+HOME = Path(os.environ["STOKER_HOME"]) / "faults-cluster"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = ComposeCluster(HOME)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture()
+def corpus(tmp_path, sample_corpus) -> Path:
+    return write_corpus(tmp_path, sample_corpus, "cluster", replication_factor=3, min_insync_replicas=2)
+
+
+def _publish_through_a_kill(cluster: ComposeCluster, corpus: Path, run_dir: Path, topic: str,
+                            victim: Callable[[], str]) -> str:
+    """Publish ``corpus``; once records flow, kill the node ``victim`` names; the job must finish."""
+    proc = submit(corpus, topic, run_dir, cluster.client)
+    node = ""
+    try:
+        await_publishing(cluster.client, topic, proc)
+        node = victim()
+        cluster.kill(node)
+        rc = proc.wait(timeout=900)
+        log = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
+        assert rc == 0, f"the job failed after {node} was killed:\n{log[-4000:]}"
+        assert_exactly_once(cluster.client, run_dir)  # with one node of three down
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if node:
+            cluster.restart(node)
+    return node
+
+
+def test_publish_survives_its_partition_leader_killed(cluster, corpus, tmp_path):
+    topic = "stoker.cluster.20261201.a1"
+    _publish_through_a_kill(cluster, corpus, tmp_path / "run", topic, lambda: cluster.leader(topic, 0))
+
+
+def test_publish_survives_the_transaction_coordinator_killed(cluster, corpus, tmp_path):
+    topic = "stoker.cluster.20261201.a2"
+    # task 0's transactional id: its coordinator holds the open transaction's state when it dies
+    coordinator = lambda: cluster.coordinator(f"stoker:{topic}:p0", "__transaction_state")  # noqa: E731
+    _publish_through_a_kill(cluster, corpus, tmp_path / "run", topic, coordinator)
+
+
+def test_training_survives_its_partition_leader_then_its_group_coordinator_killed(cluster, sample_corpus,
+                                                                                   tmp_path):
+    m = publish_run(cluster.client, sample_corpus["tokenizer"], tmp_path / "run", per_partition=300, replication=3,
+                    name="clustertrain")
+    out = tmp_path / "train"
+    proc = launch_trainer(tmp_path / "run" / "manifest.json", out, cluster.client, 2, "--checkpoint-every", "5")
+    try:
+        await_step(out, 8, proc)
+        leader = cluster.leader(m.topic, 0)
+        cluster.kill(leader)  # the ranks fetch on from the new leaders
+        await_step(out, 30, proc)
+        cluster.restart(leader)
+        coordinator = cluster.coordinator(f"stoker-train.{m.topic}", "__consumer_offsets")
+        assert proc.poll() is None, "the trainer ended before its group coordinator could be killed"
+        cluster.kill(coordinator)  # checkpoints commit the group's offsets through its new coordinator
+        await_step(out, max(keys_by_step(out)) + 10, proc)
+        cluster.restart(coordinator)
+        wait_trainer(proc, out)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    published = committed_keys(cluster.client["bootstrap.servers"], m.topic)  # Kafka's own reader
+    assert len(published) == m.sequences and len(set(published)) == m.sequences
+    trained = [k for ks in keys_by_step(out).values() for k in ks]
+    assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
+    assert sorted(trained) == sorted(k.decode() for k in published) == all_keys(m)
+    committed = skafka.committed_offsets(cluster.client, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
+    assert skafka.compute_lag(m.end_offsets(), committed).lag == 0  # the lag sensor sees the end
