@@ -242,7 +242,12 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
     fn = pack_publish_batches(cfg=cfg, records=feed.records, tokenizer=tokenizer, skips=sc.broadcast(skips),
                               topic=topic, run_id=inputs.run_id, dtype=inputs.dtype, kafka_config=kafka_config,
                               fail=fail, progress=progress, task_partitions=done_parts)
-    return [TaskSummary.from_json(r["summary"]) for r in feed.frame.mapInArrow(fn, "summary string").collect()]
+    summaries = [TaskSummary.from_json(r["summary"]) for r in feed.frame.mapInArrow(fn, "summary string").collect()]
+    for s in summaries:
+        if s.reused:
+            log.info("task %d: an earlier attempt had committed; attempt %d reused its done record (%d sequences)",
+                     s.spark_partition, s.attempt, s.sequences)
+    return summaries
 
 
 def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInputs, staged: Staged,
@@ -333,8 +338,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--source-uri", help="override source.uri for this run")
     ap.add_argument("--seq-len", type=int, help="override pack.seq_len for this run")
     ap.add_argument("--spark-partitions", type=int, help="override publish.spark_partitions for this run")
+    ap.add_argument("--secrets-file", help="a JSON object of environment entries (the Kafka client config, S3 "
+                    "credentials) for YARN and Kubernetes masters, shipped with --files; a missing path is looked "
+                    "for by name in the working folder")
     ap.add_argument("--fail-first-attempt", metavar="SPARK_PARTITION:AFTER",
-                    help="testing: fail the first attempt of a Spark partition after AFTER sequences")
+                    help="testing: fail the first attempt of a Spark partition after AFTER sequences; AFTER = "
+                         "'committed' kills its Python worker (SIGKILL) right after its commit")
     return ap.parse_args(argv)
 
 
@@ -354,8 +363,15 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.secrets_file:
+        paths.load_private_env(args.secrets_file)
     cfg = apply_overrides(load_corpus(args.corpus), args)
-    fail = tuple(int(x) for x in args.fail_first_attempt.split(":")) if args.fail_first_attempt else None
+    fail: tuple[int, int] | None = None
+    if args.fail_first_attempt:
+        from spark_jobs.publish import KILL_AFTER_COMMIT
+
+        part, after = args.fail_first_attempt.split(":")
+        fail = (int(part), KILL_AFTER_COMMIT if after == "committed" else int(after))
     builder = (SparkSession.builder.appName(f"stoker-tokenize-publish-{cfg.name}-{args.ds}")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2048")
              # one task per core already: the tokenizer's own thread pool would oversubscribe them
@@ -370,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = builder.getOrCreate()
     try:
         m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
-                    kafka_config=skafka.config_from_env(), fail=fail)  # type: ignore[arg-type]
+                    kafka_config=skafka.config_from_env(), fail=fail)
     finally:
         spark.stop()
     log.info("published %d sequences (%d tokens) of %d/%d docs to %s", m.sequences, m.tokens,

@@ -1,4 +1,4 @@
-"""Kafka admin helpers and the lag arithmetic the sensors and the trainer share.
+"""Kafka admin helpers (the lag arithmetic the sensors and the trainer share is :mod:`stoker.lag`).
 
 A *client config* is a plain librdkafka dict (``{"bootstrap.servers": ..., "security.protocol": ...}``):
 Airflow's ``kafka_default`` connection holds exactly that in its extra, so any cluster (SASL/SSL
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from stoker.exceptions import KafkaTimeout, StokerError
+from stoker.lag import LagReport, PartitionLag, compute_lag  # noqa: F401 - the sensors' and tests' spelling
 
 TIMEOUT_S = 15.0
 
@@ -74,17 +74,54 @@ def _import_callable(path: str) -> Any:
 
 
 def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> int:
-    """Number of brokers; raises a clear error when none answers within ``timeout`` seconds."""
+    """Number of brokers; raises a clear error when none answers within ``timeout`` seconds, and at
+    once (not at the timeout) when the cluster refuses the credentials or the client does not trust
+    its certificate."""
+    import time
+
     from confluent_kafka import KafkaException
 
-    try:
-        md = admin(config).list_topics(timeout=timeout)
-    except KafkaException as e:
-        raise StokerError(
-            f"Kafka at {config.get('bootstrap.servers')!r} did not answer within {timeout:.0f}s ({e}): "
-            "start it with `stoker kafka up` or fix the kafka_default connection"
-        ) from None
-    return len(md.brokers)
+    errors: list[Any] = []
+    user_cb = config.get("error_cb")
+
+    def on_error(err: Any) -> None:
+        errors.append(err)
+        if callable(user_cb):
+            user_cb(err)
+
+    client = admin({**config, "error_cb": on_error})
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while True:
+        try:
+            return len(client.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic()))).brokers)
+        except KafkaException as e:
+            last = e
+        client.poll(0)  # serves error_cb
+        refused = next((why for why in map(lambda err: _refusal(err, config), errors) if why), None)
+        if refused:
+            raise StokerError(refused) from None
+        if time.monotonic() >= deadline:
+            raise StokerError(
+                f"Kafka at {config.get('bootstrap.servers')!r} did not answer within {timeout:.0f}s ({last}): "
+                "start it with `stoker kafka up` or fix the kafka_default connection"
+            ) from None
+
+
+def _refusal(err: Any, config: Mapping[str, Any]) -> str | None:
+    """A librdkafka error that no waiting fixes (bad credentials, an untrusted certificate), in words."""
+    from confluent_kafka import KafkaError
+
+    text, where = str(err.str()), config.get("bootstrap.servers")
+    if err.code() == KafkaError._AUTHENTICATION and "SSL" not in text:
+        return (f"Kafka at {where!r} refused the credentials of user {config.get('sasl.username')!r} "
+                f"({config.get('sasl.mechanism')}): {text}. Fix sasl.username / sasl.password in the kafka_default "
+                "connection (the local secure broker's are in .stoker/kafka/credentials.json)")
+    if "certificate verify failed" in text or ("SSL" in text and "handshake" in text):
+        return (f"Kafka at {where!r}: TLS handshake failed, this client does not trust the broker's certificate "
+                f"(ssl.ca.location = {config.get('ssl.ca.location')!r}): {text}. Set ssl.ca.location to the CA "
+                "that signed it (the local secure broker's is .stoker/kafka/tls/ca.pem)")
+    return None
 
 
 def topic_partitions(config: Mapping[str, Any], topic: str) -> int | None:
@@ -286,65 +323,6 @@ def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: M
     req = [ConsumerGroupTopicPartitions(group, tps)]
     client = admin(config)
     _wait(client.alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "alter_consumer_group_offsets")
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionLag:
-    partition: int
-    end: int
-    committed: int | None
-    lag: int
-
-
-@dataclass(frozen=True, slots=True)
-class LagReport:
-    partitions: tuple[PartitionLag, ...]
-    tokens_per_message: int
-    total_messages: int
-    """Offsets the run spans (end - start summed): the denominator of % consumed."""
-
-    @property
-    def lag(self) -> int:
-        return sum(p.lag for p in self.partitions)
-
-    @property
-    def lag_tokens(self) -> int:
-        return self.lag * self.tokens_per_message
-
-    @property
-    def consumed_fraction(self) -> float:
-        return 1.0 if self.total_messages == 0 else 1.0 - self.lag / self.total_messages
-
-    def describe(self) -> str:
-        parts = ", ".join(f"p{p.partition}={p.lag}" for p in self.partitions)
-        return (
-            f"lag {self.lag} messages ({self.lag_tokens} tokens), "
-            f"{100 * self.consumed_fraction:.1f}% consumed [{parts}]"
-        )
-
-
-def compute_lag(
-    end: Mapping[int, int],
-    committed: Mapping[int, int | None],
-    start: Mapping[int, int] | None = None,
-    tokens_per_message: int = 0,
-) -> LagReport:
-    """Lag per partition = end - committed (or end - start when the group committed nothing).
-
-    Offsets count Kafka's transaction markers too, so lag in offsets is an upper bound of lag in
-    messages that reaches 0 exactly when the group has committed the end offset. A committed
-    offset past the end (a topic recreated under the group) is an error, not a negative lag.
-    """
-    start = start or {}
-    rows = []
-    for p in sorted(end):
-        e, s, c = end[p], start.get(p, 0), committed.get(p)
-        pos = s if c is None else c
-        if pos > e:
-            raise StokerError(f"partition {p}: committed offset {pos} is past the end offset {e} (topic recreated?)")
-        rows.append(PartitionLag(partition=p, end=e, committed=c, lag=e - max(pos, s)))
-    total = sum(end[p] - start.get(p, 0) for p in end)
-    return LagReport(partitions=tuple(rows), tokens_per_message=tokens_per_message, total_messages=total)
 
 
 def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True, timeout: float = 60.0) -> list[Any]:

@@ -55,3 +55,25 @@ def venv_bin(name: str) -> Path:
     import sys
 
     return Path(sys.executable).parent / name
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, from its creation on (it holds a secret)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def load_private_env(path: str) -> None:
+    """Put a secrets file's entries (a JSON object: ``STOKER_KAFKA_CONFIG``, ``AWS_*``) in this process's
+    environment. A path that is not there is looked for by name in the working folder, where YARN
+    puts what ``spark-submit --files`` ships in cluster mode."""
+    import json
+
+    f = Path(path)
+    if not f.is_file():
+        f = Path.cwd() / f.name
+    if not f.is_file():
+        raise FileNotFoundError(f"secrets file {path}: not there, nor {f}: ship it with spark-submit --files")
+    os.environ.update({str(k): str(v) for k, v in json.loads(f.read_text()).items()})

@@ -53,6 +53,24 @@ def kafka_config() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def secure_kafka() -> dict[str, str]:
+    """A second embedded broker serving only SASL_SSL (`stoker kafka up --secure`): its client config."""
+    import shutil
+
+    from stoker.local import broker as stack
+    from stoker.local.servers import free_ports
+
+    home = TEST_STATE / "kafka-secure"
+    shutil.rmtree(home, ignore_errors=True)  # a fresh CA and password every session
+    broker = stack.Broker(home=home, port=free_ports(3), secure=True)
+    stack.up(broker)
+    try:
+        yield broker.client_config()
+    finally:
+        stack.down(broker)
+
+
+@pytest.fixture(scope="session")
 def sample_corpus() -> dict[str, Path]:
     """The sample corpus and its tokenizer, made offline (once per test state folder)."""
     from stoker.local import sample

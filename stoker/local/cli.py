@@ -26,8 +26,13 @@ from stoker.local import broker as kbroker
 
 def _kafka(args: argparse.Namespace) -> int:
     if args.action == "up":
-        b = kbroker.up()
+        b = kbroker.up(kbroker.default_broker(secure=args.secure))
         print(f"kafka up on {b.bootstrap} (data in {b.home})")
+        if b.secure:
+            from stoker.local.broker import secure
+
+            print(f"SASL_SSL, SCRAM-SHA-512 user {secure.USER}; password in {secure.credentials_file(b.home)}, "
+                  f"CA certificate {secure.tls_dir(b.home) / 'ca.pem'}; client settings: stoker kafka status")
     elif args.action == "down":
         print("kafka stopped" if kbroker.down() else "kafka was not running")
     else:
@@ -177,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(fn=_airflow)
     k = sub.add_parser("kafka", help="the embedded Kafka broker")
     k.add_argument("action", choices=["up", "down", "status"])
+    k.add_argument("--secure", action="store_true",
+                   help="serve SASL_SSL: TLS (a local CA), SCRAM-SHA-512 user 'stoker', ACLs; no plain-text listener")
     k.set_defaults(fn=_kafka)
     st = sub.add_parser("storage", help="local S3 and HDFS servers holding the sample corpus, for corpora/examples")
     st.add_argument("action", choices=["up", "down", "status"])

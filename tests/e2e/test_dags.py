@@ -32,7 +32,9 @@ def test_every_dag_imports_without_errors():
     assert set(dag.task_group.children) == {"await_source", "publish", "training", "report"}
     # lineage: source -> tokenize_publish -> topic -> train; the model is await_consumed's outlet
     tasks = dag.task_dict
-    assert [a.name for a in tasks["publish.tokenize_publish"].inlets] == ["stoker.sample.source"]
+    # the source asset is the data's URI, shared by every corpus that reads it
+    assert [a.name for a in tasks["publish.tokenize_publish"].inlets] == [
+        f"file://{Path(os.environ['STOKER_HOME']) / 'data' / 'sample'}/"]
     assert [a.name for a in tasks["publish.tokenize_publish"].outlets] == ["stoker.sample.sequences"]
     # the topic asset names the Kafka connection, not an address read at parse time
     assert tasks["publish.tokenize_publish"].outlets[0].uri == "kafka://kafka_default/stoker.sample"
@@ -40,6 +42,8 @@ def test_every_dag_imports_without_errors():
     assert [a.name for a in tasks["training.await_consumed"].outlets] == ["stoker.sample.model"]
     assert {link.name for link in tasks["report"].operator_extra_links} == {"Run summary", "Loss curve"}
     assert dag.default_args["retries"] == 2 and dag.default_args["retry_exponential_backoff"] is True
+    # a trainer that dies is relaunched by the train task's own retries, promptly and a bounded number of times
+    assert tasks["training.train"].retries == 3 and tasks["training.train"].retry_exponential_backoff is False
     assert set(dag.params) == {"source_uri", "seq_len", "spark_partitions"}
     for name, param in dag.params.items():  # the trigger form shows a title and a description for each
         assert param.schema.get("title") and len(param.description or "") > 40, name
@@ -271,3 +275,35 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
         [(f["path"], f["sha256"], f["tokens"]) for f in local.source_files]
     pairs = {(m.key(), m.value()) for m in skafka.read_all(kafka_config, remote.topic)}
     assert pairs == {(m.key(), m.value()) for m in skafka.read_all(kafka_config, local.topic)}
+
+
+DAG_TEST_SECURE = """
+import json
+from datetime import datetime, timezone
+import dags.refresh_dags as m
+run = m.refresh_sample.test(logical_date=datetime(2026, 12, 9, tzinfo=timezone.utc))
+print("STATE=" + json.dumps(str(run.state)))
+"""
+
+
+def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secure_kafka, sample_corpus, airflow_db):
+    """Spark's producer, the sensors and the trainer all go through the SASL_SSL broker (the only one
+    this run is told about); the password is in no command line, log, metadata DB or run file."""
+    from stoker import kafka as skafka
+
+    env = {**os.environ, "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": secure_kafka})}
+    listings = _ProcessListings()
+    listings.start()
+    out = subprocess.run([sys.executable, "-c", DAG_TEST_SECURE], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=900)
+    log = out.stdout + out.stderr
+    assert 'STATE="success"' in out.stdout, log[-4000:]
+    run_dir = RunLayout.of("sample", "2026-12-09").run_dir
+    m = read_manifest(run_dir)
+    assert len(skafka.read_all(secure_kafka, m.topic)) == m.sequences > 0
+    training = json.loads((run_dir / "summary.json").read_text())["training"]
+    assert training["sequences_consumed"] == m.sequences
+    password = secure_kafka["sasl.password"]
+    assert listings.stop() > 10, "the process listing was not sampled"
+    assert password not in listings.text and password not in log
+    assert not _files_holding(password, [Path(os.environ["AIRFLOW_HOME"]), run_dir])

@@ -36,10 +36,17 @@ def kafka_libs() -> Path:
 class Broker:
     home: Path
     port: int = DEFAULT_PORT
+    secure: bool = False
+    """SASL_SSL (SCRAM-SHA-512 user ``stoker``, TLS, ACLs) instead of PLAINTEXT: see :mod:`.secure`."""
 
     @property
     def controller_port(self) -> int:
         return self.port + 1
+
+    @property
+    def internal_port(self) -> int:
+        """The secure broker's mTLS listener (inter-broker, and its own admin identity)."""
+        return self.port + 2
 
     @property
     def bootstrap(self) -> str:
@@ -58,11 +65,31 @@ class Broker:
         return self.home / "logs"
 
     def client_config(self) -> dict[str, str]:
+        if self.secure:
+            from stoker.local.broker import secure
+
+            return secure.client_config(self.port, self.home)
         return {"bootstrap.servers": self.bootstrap}
 
 
-def default_broker() -> Broker:
-    return Broker(home=paths.state_dir() / "kafka", port=int(os.environ.get("STOKER_KAFKA_PORT", DEFAULT_PORT)))
+def default_broker(secure: bool | None = None) -> Broker:
+    """The stack's broker: ``STOKER_KAFKA_PORT``; secure as asked, else as it was started (its TLS folder)."""
+    home = paths.state_dir() / "kafka"
+    if secure is None:
+        secure = (home / "tls" / "broker.pem").exists() and (home / "secure").exists()
+    return Broker(home=home, port=int(os.environ.get("STOKER_KAFKA_PORT", DEFAULT_PORT)), secure=secure)
+
+
+def _listeners(b: Broker) -> list[str]:
+    if b.secure:
+        from stoker.local.broker import secure
+
+        return secure.server_properties(b.port, b.controller_port, b.internal_port, secure.make_certificates(b.home))
+    return [f"listeners=PLAINTEXT://127.0.0.1:{b.port},CONTROLLER://127.0.0.1:{b.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{b.port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT"]
 
 
 def _server_properties(b: Broker) -> str:
@@ -70,11 +97,7 @@ def _server_properties(b: Broker) -> str:
         "process.roles=broker,controller",
         "node.id=1",
         f"controller.quorum.voters=1@127.0.0.1:{b.controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{b.port},CONTROLLER://127.0.0.1:{b.controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{b.port}",
-        "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "inter.broker.listener.name=PLAINTEXT",
+        *_listeners(b),
         f"log.dirs={b.home / 'data'}",
         # one node: internal topics cannot be replicated
         "offsets.topic.replication.factor=1",
@@ -152,6 +175,9 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
     b.home.mkdir(parents=True, exist_ok=True)
     b.log_dir.mkdir(exist_ok=True)
     b.config_file.write_text(_server_properties(b))
+    (b.home / "secure").unlink(missing_ok=True)
+    if b.secure:
+        (b.home / "secure").write_text("SASL_SSL\n")  # how `stoker kafka status`/`down` find it again
     _format_storage(b)
     heap = os.environ.get("STOKER_KAFKA_HEAP", "-Xmx512m")
     cmd = [_java(), *heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
@@ -162,7 +188,11 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StackError(f"Kafka exited with {proc.returncode} at start: see {b.log_dir}/server.log and stdout.log")
-        if port_open(b.port):
+        if port_open(b.port) and (not b.secure or port_open(b.internal_port)):
+            if b.secure:
+                from stoker.local.broker import secure
+
+                secure.grant(secure.internal_config(b.internal_port, secure.tls_dir(b.home)), b.home)
             check_reachable(b.client_config(), timeout=max(1.0, deadline - time.monotonic()))
             return b
         time.sleep(0.3)
@@ -179,7 +209,9 @@ def status(b: Broker | None = None) -> dict[str, object]:
     b = b or default_broker()
     pid = b.process.pid()
     return {"running": pid is not None, "pid": pid, "bootstrap": b.bootstrap, "home": str(b.home),
-            "kafka_version": KAFKA_VERSION}
+            "kafka_version": KAFKA_VERSION, "security_protocol": "SASL_SSL" if b.secure else "PLAINTEXT",
+            **({"client_config": {k: v for k, v in b.client_config().items() if k != "sasl.password"},
+                "password_file": str(b.home / "credentials.json")} if b.secure else {})}
 
 
 def status_json(b: Broker | None = None) -> str:

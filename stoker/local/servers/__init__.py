@@ -29,6 +29,7 @@ from stoker import paths
 from stoker.connectors import HADOOP_VERSION
 from stoker.exceptions import StackError
 from stoker.hdfs import HdfsStore
+from stoker.paths import write_private
 from stoker.process import ProcessRecord
 from stoker.sources import S3Settings, S3Store
 
@@ -49,14 +50,6 @@ def hdfs_libs() -> Path:
     if not (libs.parent / ".complete").exists():
         raise StackError(f"Hadoop's mini cluster jars are missing in {libs}: run `make test-servers`")
     return libs
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read, from its creation on (it holds a secret)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 def free_ports(n: int, start: int = 20000, end: int = 28000) -> int:

@@ -1,0 +1,59 @@
+"""`stoker kafka up --secure`: SASL_SSL only (TLS from a local CA, SCRAM-SHA-512, ACLs). The pipeline's
+user reaches its own topics; a wrong password, an untrusted certificate or a plain-text client is
+refused, the first two with a clear message in seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stoker import kafka as skafka
+from stoker.exceptions import StokerError
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_pipeline_user_reaches_its_topics_and_nothing_else(secure_kafka):
+    topic = f"stoker.secure.{time.time_ns()}.a1"
+    skafka.create_topic(secure_kafka, topic, 2)
+    assert topic in skafka.list_topics(secure_kafka, "stoker.secure.")
+    with pytest.raises(StokerError, match="TOPIC_AUTHORIZATION_FAILED"):  # ACLs: only stoker* names
+        skafka.create_topic(secure_kafka, f"other.{time.time_ns()}", 1)
+    skafka.delete_topics(secure_kafka, [topic])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"sasl.password": "not-the-password"}, "refused the credentials of user 'stoker' (SCRAM-SHA-512)"),
+    ({"ssl.ca.location": "/etc/ssl/certs/ca-certificates.crt"},
+     "TLS handshake failed, this client does not trust the broker's certificate"),
+])
+def test_a_wrong_password_or_an_untrusted_certificate_is_a_clear_error_in_seconds(secure_kafka, change, message):
+    t0 = time.monotonic()
+    with pytest.raises(StokerError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        skafka.check_reachable({**secure_kafka, **change}, timeout=30)
+    assert time.monotonic() - t0 < 10  # not the 30 s timeout
+
+
+def test_plain_text_gets_nothing(secure_kafka):
+    with pytest.raises(StokerError, match="did not answer"):
+        skafka.check_reachable({"bootstrap.servers": secure_kafka["bootstrap.servers"]}, timeout=3)
+
+
+def test_status_names_the_settings_not_the_password(secure_kafka):
+    import os
+    from pathlib import Path
+
+    from stoker.local import broker as stack
+
+    b = stack.Broker(home=Path(os.environ["STOKER_HOME"]) / "kafka-secure",
+                     port=int(secure_kafka["bootstrap.servers"].rsplit(":", 1)[1]), secure=True)
+    status = stack.status(b)
+    assert status["running"] and status["security_protocol"] == "SASL_SSL"
+    assert status["client_config"]["sasl.username"] == "stoker"
+    assert secure_kafka["sasl.password"] not in json.dumps(status)
+    out = subprocess.run([sys.executable, "-m", "stoker.local.cli", "kafka", "--help"], capture_output=True, text=True)
+    assert "--secure" in out.stdout
