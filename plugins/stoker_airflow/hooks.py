@@ -19,8 +19,10 @@ class StokerKafkaHook(KafkaBaseHook):
 
     def client_config(self) -> dict[str, Any]:
         """For a client in this process: callbacks resolved into callables."""
+        from stoker.kafka import with_password_file
+
         try:
-            return self._build_config()
+            return with_password_file(self._build_config())
         except ValueError as e:
             raise ConfigError(f"connection {self.kafka_config_id!r}: {e}: set its extra to the Kafka client "
                               'config JSON, e.g. {"bootstrap.servers": "127.0.0.1:29092"}') from None
@@ -28,8 +30,9 @@ class StokerKafkaHook(KafkaBaseHook):
     def subprocess_config(self) -> dict[str, Any]:
         """For a Spark job or a trainer (``STOKER_KAFKA_CONFIG``): plain JSON, callbacks still as the
         dotted paths the provider's allow-list accepted (``stoker.kafka.config_from_env`` imports
-        them there). Managed-auth token callbacks cannot cross a process boundary: use the
-        client's own SASL settings for those clusters."""
+        them there), and ``sasl.password.file`` still a path, read where the job runs. Managed-auth
+        token callbacks cannot cross a process boundary: use the client's own SASL settings for
+        those clusters."""
         self.client_config()  # the same checks: bootstrap.servers set, every callback allow-listed
         return dict(self.get_connection(self.kafka_config_id).extra_dejson)
 

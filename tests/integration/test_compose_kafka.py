@@ -63,3 +63,67 @@ def test_the_compose_kafka_cluster_replicates_and_enforces_min_isr(cluster):
     errors = _produce(client, "compose.check", 5, timeout_ms=8_000)
     assert len(errors) == 5 and set(errors) <= {"NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
                                                 "_MSG_TIMED_OUT", "REQUEST_TIMED_OUT"}, errors
+
+
+def test_the_secure_profiles_kafka_serves_only_sasl_ssl_to_the_pipeline_user(tmp_path):
+    """docker-compose.yaml's opt-in `secure` profile: its setup command makes the CA, certificate and
+    password, the kafka-secure node's KAFKA_* settings start a broker, its users command grants the
+    pipeline's user; then that user reaches its topics over SASL_SSL, with the password read from the
+    file the connection names, and nothing else."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    from kafka_cluster import image_properties
+
+    from stoker.exceptions import StokerError
+    from stoker.local import broker as stack
+    from stoker.local.servers import free_ports
+
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yaml").read_text())
+    services = compose["services"]
+    secrets_dir = tmp_path / "kafka-secure-tls"
+    setup = services["kafka-secure-setup"]["command"][-1].split(" && ")[0].split()
+    setup[setup.index("/var/lib/stoker-kafka-secure")] = str(secrets_dir)
+    assert setup[:3] == ["python", "-m", "stoker.local.broker.secure"]
+    subprocess.run([sys.executable, *setup[1:]], check=True, capture_output=True, timeout=120)
+
+    base = free_ports(3)
+    port = {"9096": base, "9097": base + 1, "9098": base + 2}
+    env = {k: str(v) for k, v in services["kafka-secure"]["environment"].items()}
+    props = image_properties(env)
+    for key in ("listeners", "advertised.listeners", "controller.quorum.voters"):
+        props[key] = re.sub(r"(kafka-secure)?:(909\d)", lambda m: f"127.0.0.1:{port[m.group(2)]}", props[key])
+    for key in ("ssl.keystore.location", "ssl.truststore.location"):
+        props[key] = props[key].replace("/etc/stoker-kafka", str(secrets_dir))
+    props["log.dirs"] = str(tmp_path / "data")
+    cfg = tmp_path / "server.properties"
+    cfg.write_text("".join(f"{k}={v}\n" for k, v in sorted(props.items())))
+    jvm = [stack._java(), "-Xmx256m", f"-Dlog4j2.configurationFile={stack._log4j_config()}",
+           f"-Dkafka.logs.dir={tmp_path / 'logs'}", "-cp", stack._classpath()]
+    subprocess.run([*jvm, "kafka.tools.StorageTool", "format", f"--cluster-id={env['CLUSTER_ID']}", "-c", str(cfg)],
+                   check=True, capture_output=True, timeout=120)
+    proc = subprocess.Popen([*jvm, "kafka.Kafka", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        grant = services["kafka-secure-users"]["command"]
+        grant = [str(secrets_dir) if a == "/var/lib/stoker-kafka-secure" else a for a in grant]
+        grant[-1] = f"127.0.0.1:{port['9098']}"  # kafka-secure:9098, its INTERNAL (mutual TLS) listener
+        deadline = time.monotonic() + 120
+        while subprocess.run([sys.executable, *grant[1:]], capture_output=True, timeout=120).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, "the secure node never took the grant"
+            time.sleep(2)
+        client = skafka.with_password_file({
+            "bootstrap.servers": f"127.0.0.1:{port['9096']}", "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "stoker",
+            "sasl.password.file": str(secrets_dir / "credentials.json"),
+            "ssl.ca.location": str(secrets_dir / "tls" / "ca.pem")})
+        assert skafka.check_reachable(client, timeout=30) == 1
+        skafka.create_topic(client, "stoker.compose.secure", 1)
+        with pytest.raises(StokerError, match="TOPIC_AUTHORIZATION_FAILED"):
+            skafka.create_topic(client, "other.topic", 1)
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

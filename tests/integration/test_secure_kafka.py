@@ -57,3 +57,22 @@ def test_status_names_the_settings_not_the_password(secure_kafka):
     assert secure_kafka["sasl.password"] not in json.dumps(status)
     out = subprocess.run([sys.executable, "-m", "stoker.local.cli", "kafka", "--help"], capture_output=True, text=True)
     assert "--secure" in out.stdout
+
+
+def test_a_password_file_stands_for_the_password(secure_kafka, tmp_path, monkeypatch):
+    """``sasl.password.file`` in the connection: the password stays out of the connection and the job's
+    environment; each client reads it where it runs (a plain file, or the JSON `stoker kafka up
+    --secure` writes)."""
+    from stoker.exceptions import ConfigError
+    from stoker.paths import write_private
+
+    plain, as_json = tmp_path / "password", tmp_path / "credentials.json"
+    write_private(plain, secure_kafka["sasl.password"] + "\n")
+    write_private(as_json, json.dumps({"user": "stoker", "password": secure_kafka["sasl.password"]}))
+    base = {k: v for k, v in secure_kafka.items() if k != "sasl.password"}
+    for f in (plain, as_json):
+        monkeypatch.setenv("STOKER_KAFKA_CONFIG", json.dumps({**base, "sasl.password.file": str(f)}))
+        assert skafka.check_reachable(skafka.config_from_env(), timeout=10) == 1
+    monkeypatch.setenv("STOKER_KAFKA_CONFIG", json.dumps({**base, "sasl.password.file": str(tmp_path / "gone")}))
+    with pytest.raises(ConfigError, match="sasl.password.file = .*gone.*cannot be read"):
+        skafka.config_from_env()

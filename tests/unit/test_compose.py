@@ -21,6 +21,7 @@ MOUNT = "/opt/stoker"  # where the repo is mounted in the containers
 ENV = {"STOKER_JWT_SECRET": "j" * 32, "STOKER_API_SECRET_KEY": "k" * 32}  # what a user must export
 AIRFLOW_COMPONENTS = ["airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
 KAFKA = ["kafka-1", "kafka-2", "kafka-3"]
+SECURE = ["kafka-secure-setup", "kafka-secure", "kafka-secure-users"]
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
@@ -61,7 +62,10 @@ def test_the_secrets_must_be_given():
 def test_the_services(compose):
     services = compose["services"]
     assert {"postgres", *KAFKA, "spark-master", "spark-worker", "seaweedfs", "airflow-init",
-            *AIRFLOW_COMPONENTS} == set(services)
+            *AIRFLOW_COMPONENTS, *SECURE} == set(services)
+    # the SASL_SSL node and its setup are opt-in: `docker compose up` alone starts none of them
+    assert {n for n, svc in services.items() if svc.get("profiles")} == set(SECURE)
+    assert all(services[n]["profiles"] == ["secure"] for n in SECURE)
     for name, svc in services.items():
         image = svc["image"]
         if image == "stoker:dev":

@@ -192,7 +192,7 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
             if b.secure:
                 from stoker.local.broker import secure
 
-                secure.grant(secure.internal_config(b.internal_port, secure.tls_dir(b.home)), b.home)
+                secure.grant(secure.internal_config(f"127.0.0.1:{b.internal_port}", secure.tls_dir(b.home)), b.home)
             check_reachable(b.client_config(), timeout=max(1.0, deadline - time.monotonic()))
             return b
         time.sleep(0.3)

@@ -40,8 +40,9 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise StackError(f"openssl {args[0]} failed in {cwd}: {res.stderr.strip()[-500:]}")
 
 
-def make_certificates(home: Path) -> Path:
-    """The CA and the broker's key and certificate (kept when present); returns the folder."""
+def make_certificates(home: Path, hosts: tuple[str, ...] = ()) -> Path:
+    """The CA and the broker's key and certificate (kept when present), valid for 127.0.0.1,
+    localhost and ``hosts``; returns the folder."""
     d = tls_dir(home)
     if (d / "broker.pem").exists():
         return d
@@ -52,7 +53,8 @@ def make_certificates(home: Path) -> Path:
              "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "broker.key", "-out", "broker.csr",
              "-subj", f"/CN={BROKER_CN}", cwd=d)
-    (d / "broker.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+    names = ",".join(f"DNS:{h}" for h in ("localhost", *hosts))
+    (d / "broker.ext").write_text(f"subjectAltName=IP:127.0.0.1,{names}\n"
                                   "extendedKeyUsage=serverAuth,clientAuth\n")
     _openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-out", "broker.crt", "-days", "3650", "-extfile", "broker.ext", cwd=d)
@@ -100,15 +102,17 @@ def server_properties(port: int, controller_port: int, internal_port: int, d: Pa
     ]
 
 
-def internal_config(internal_port: int, d: Path) -> dict[str, str]:
-    """The broker's own identity over the mTLS listener: for setting users and ACLs."""
-    return {"bootstrap.servers": f"127.0.0.1:{internal_port}", "security.protocol": "SSL",
+def internal_config(bootstrap: str, d: Path) -> dict[str, str]:
+    """The broker's own identity over the mTLS listener (``host:port``): for setting users and ACLs."""
+    return {"bootstrap.servers": bootstrap, "security.protocol": "SSL",
             "ssl.ca.location": str(d / "ca.pem"), "ssl.certificate.location": str(d / "broker.crt"),
             "ssl.key.location": str(d / "broker.key")}
 
 
-def client_config(port: int, home: Path) -> dict[str, str]:
-    return {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_SSL", "sasl.mechanism": MECHANISM,
+def client_config(port: int | str, home: Path) -> dict[str, str]:
+    """The pipeline's client settings for the broker at ``port`` on 127.0.0.1 (or a ``host:port``)."""
+    bootstrap = port if isinstance(port, str) else f"127.0.0.1:{port}"
+    return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL", "sasl.mechanism": MECHANISM,
             "sasl.username": USER, "sasl.password": password(home),
             "ssl.ca.location": str(tls_dir(home) / "ca.pem")}
 
@@ -136,3 +140,35 @@ def grant(config: dict[str, Any], home: Path) -> None:
                            AclPermissionType.ALLOW)
                 for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
     skafka._wait(client.create_acls(bindings), "create_acls")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stoker.local.broker.secure setup DIR [--host H]`` makes the CA, the broker's
+    certificate and the password file in DIR; ``grant DIR HOST:PORT`` sets the user and ACLs over the
+    broker's mTLS listener. docker-compose.yaml's ``secure`` profile runs both."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m stoker.local.broker.secure", description=main.__doc__)
+    ap.add_argument("action", choices=["setup", "grant"])
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("bootstrap", nargs="?", help="grant: the broker's mTLS (INTERNAL) listener, host:port")
+    ap.add_argument("--host", action="append", default=[], help="setup: a DNS name the certificate must carry")
+    args = ap.parse_args(argv)
+    if args.action == "setup":
+        make_certificates(args.dir, tuple(args.host))
+        password(args.dir)
+        print(f"CA {tls_dir(args.dir) / 'ca.pem'}; password of user {USER} in {credentials_file(args.dir)}")
+        return 0
+    if not args.bootstrap:
+        ap.error("grant needs the broker's INTERNAL listener, host:port")
+    from stoker import kafka as skafka
+
+    config = internal_config(args.bootstrap, tls_dir(args.dir))
+    skafka.check_reachable(config, timeout=60)
+    grant(config, args.dir)
+    print(f"user {USER} ({MECHANISM}) and its ACLs (stoker* topics, groups, transactional ids) set")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
