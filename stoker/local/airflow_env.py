@@ -48,3 +48,23 @@ def airflow_env(kafka_bootstrap: str | None = None) -> dict[str, str]:
 
     env.update(local_s3_connection_env())  # `stoker storage up`'s S3, as aws_default, while it runs
     return {k: os.environ.get(k, v) if k != "PATH" else v for k, v in env.items()}
+
+
+LEGACY_ASSET_NAMES = "stoker.%.source"
+"""How source assets were named before they were named by their URI (two corpora reading the same
+data now share one asset; Airflow deactivates an asset whose URI another active one holds)."""
+
+
+def retire_legacy_assets() -> int:
+    """Deactivate the source assets of an earlier Stoker in this metadata DB, so the DAGs' new ones can
+    activate. The scheduler does this itself (its orphan pass); ``airflow dags test`` does not."""
+    from airflow.models.asset import AssetActive
+    from airflow.utils.session import create_session
+
+    with create_session() as s:
+        return int(s.query(AssetActive).filter(AssetActive.name.like(LEGACY_ASSET_NAMES))
+                   .delete(synchronize_session=False))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["retire-legacy-assets"]:
+    print(f"retired {retire_legacy_assets()} legacy asset(s)")

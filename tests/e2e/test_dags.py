@@ -307,3 +307,25 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
     assert listings.stop() > 10, "the process listing was not sampled"
     assert password not in listings.text and password not in log
     assert not _files_holding(password, [Path(os.environ["AIRFLOW_HOME"]), run_dir])
+
+
+def test_a_state_folder_of_an_earlier_stoker_gives_up_its_old_source_asset(airflow_db):
+    """Source assets were once named ``stoker.<corpus>.source``; such an active asset holds the URI the
+    DAG's asset now needs, and `dags test` (no scheduler orphan pass) would run with it inactive."""
+    from airflow.models.asset import AssetActive, AssetModel
+    from airflow.utils.session import create_session
+
+    from stoker.local.airflow_env import retire_legacy_assets
+
+    old = [("stoker.old.source", "file:///data/old"), ("stoker.old.model", "file:///runs/old")]
+    with create_session() as s:
+        for name, uri in old:
+            s.query(AssetActive).filter_by(name=name).delete()
+            if not s.query(AssetModel).filter_by(name=name).count():
+                s.add(AssetModel(name=name, uri=uri, group="asset"))
+        s.flush()
+        s.add_all([AssetActive(name=name, uri=uri) for name, uri in old])
+    assert retire_legacy_assets() >= 1
+    with create_session() as s:
+        names = {a.name for a in s.query(AssetActive).filter(AssetActive.name.like("stoker.old.%"))}
+    assert names == {"stoker.old.model"}
