@@ -81,9 +81,12 @@ def publish_trial(cluster: ComposeCluster, corpus: Path, work: Path, n: int, fau
                   rng: random.Random) -> dict[str, Any]:
     topic = f"stoker.soak.20261201.t{n}"
     run_dir = work / f"t{n}"
-    extra = ("--fail-first-attempt", f"{rng.randrange(4)}:committed") if fault == "committed" else ()
+    task = rng.randrange(4)
+    extra = ("--fail-first-attempt", f"{task}:committed") if fault == "committed" else ()
     proc = submit(corpus, topic, run_dir, cluster.client, True, *extra)
     delay, victim, retried = rng.uniform(0, 8), "", 0
+    if fault == "committed":  # the failpoint kills the task's worker right after its commit
+        delay, victim = 0.0, f"task {task}'s worker after its commit"
     try:
         await_publishing(cluster.client, topic, proc)
         time.sleep(delay)
@@ -113,8 +116,10 @@ def publish_trial(cluster: ComposeCluster, corpus: Path, work: Path, n: int, fau
     finally:
         if victim.startswith("kafka-"):
             cluster.restart(victim)
+    log = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
     out = {"fault": fault, "delay_s": round(delay, 2), "victim": victim or "none (job ended first)",
-           "retried": retried, "rc": rc}
+           "retried": retried, "rc": rc, "spark_task_retries": log.count("Lost task"),
+           "done_records_reused": log.count("reused its done record")}
     return {**out, **(_count(cluster, run_dir) if rc == 0 else {"lost": None, "duplicated": None})}
 
 

@@ -41,6 +41,17 @@ def token_id(tokenizer: Any, token: str, what: str) -> int:
     return int(tid)
 
 
+def special_ids(tokenizer: Any, cfg: Any, path: str) -> tuple[int, int]:
+    """(EOS, PAD) of the corpus config's ``tokenizer`` section, checked before any data moves; they
+    travel to the trainer in the manifest."""
+    from stoker.exceptions import ConfigError
+
+    try:
+        return token_id(tokenizer, cfg.eos_token, "eos_token"), token_id(tokenizer, cfg.pad_token, "pad_token")
+    except ValueError as e:
+        raise ConfigError(f"{e} ({path})") from None
+
+
 def encode_batch(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """Ids without special tokens; the packer adds EOS between documents itself."""
     return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]

@@ -95,12 +95,6 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
     return run
 
 
-def topic_config(cfg: CorpusConfig) -> dict[str, str]:
-    return {"min.insync.replicas": str(cfg.topic.min_insync_replicas),
-            "retention.ms": str(cfg.topic.retention_ms),
-            "compression.type": "producer"}
-
-
 @dataclass(slots=True)
 class RunInputs:
     """What a run reads and how it encodes: settled before any data moves."""
@@ -113,6 +107,8 @@ class RunInputs:
     dtype: str
     files: list[dict[str, Any]]
     """Lineage: every data file with its size, mtime, sha256 and (S3) ETag."""
+    eos_id: int = -1
+    pad_id: int = -1
 
 
 @dataclass(slots=True)
@@ -169,9 +165,10 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
     if not Path(tok_path).is_file():
         raise ConfigError(f"tokenizer.path = {cfg.tokenizer.path!r}: no such file ({tok_path}); "
                           "run `stoker sample-corpus` or point the corpus at a tokenizer.json")
-    from spark_jobs.tokenization import load_tokenizer
+    from spark_jobs.tokenization import load_tokenizer, special_ids
 
-    vocab = load_tokenizer(tok_path).get_vocab_size()
+    tok = load_tokenizer(tok_path)
+    vocab, (eos, pad) = tok.get_vocab_size(), special_ids(tok, cfg.tokenizer, tok_path)
     skafka.check_reachable(kafka_config)
     listed = preflight_source(spark, cfg, uri)
     t0 = time.monotonic()
@@ -180,7 +177,7 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
              time.monotonic() - t0)
     return RunInputs(run_id=f"{cfg.name}/{ds}", uri=uri, tokenizer_path=tok_path,
                      tokenizer_sha256=sha256_file(tok_path), vocab_size=vocab,
-                     dtype=records.dtype_for_vocab(vocab), files=files)
+                     dtype=records.dtype_for_vocab(vocab), files=files, eos_id=eos, pad_id=pad)
 
 
 def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> Staged:
@@ -231,7 +228,7 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
     feed = feeds(spark, cfg, inputs.files)[0]
     done_parts = task_partitions(feed.frame.rdd.getNumPartitions())
     skafka.recreate_topic(kafka_config, topic, cfg.topic.partitions, cfg.topic.replication_factor,
-                          topic_config(cfg))
+                          cfg.topic.settings())
     skafka.recreate_topic(kafka_config, tasks_topic(topic), done_parts, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
     skips = duplicate_skips(staged.duplicates) if staged.duplicates is not None else Skips()
@@ -270,7 +267,7 @@ def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInp
         source_files=source_accounting(inputs.files, staged, summaries),
         spark_app_id=spark.sparkContext.applicationId,
         quarantine_path=str(quarantine_path), created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
-        retention_ms=cfg.topic.retention_ms,
+        retention_ms=cfg.topic.retention_ms, eos_id=inputs.eos_id, pad_id=inputs.pad_id,
         seconds=round(time.monotonic() - t0, 3),
     )
 

@@ -159,6 +159,11 @@ class TopicConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000
     """How long the broker keeps the run's sequences (training must finish before)."""
 
+    def settings(self) -> dict[str, str]:
+        """The run topic's Kafka configs (what the Spark stage creates it with)."""
+        return {"min.insync.replicas": str(self.min_insync_replicas), "retention.ms": str(self.retention_ms),
+                "compression.type": "producer"}
+
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= 10_000:
             raise _fail("topic.partitions", self.partitions, "must be in [1, 10000]")

@@ -59,6 +59,11 @@ class Manifest:
     """The topic's retention.ms when published (0: not recorded): its records may expire from
     ``created_at + retention_ms`` on, consumed or not."""
     seconds: float = 0.0
+    eos_id: int = -1
+    """The id the packer put after every document (the corpus's ``tokenizer.eos_token``); -1: not
+    recorded (a manifest of an earlier Stoker)."""
+    pad_id: int = -1
+    """The id of padding (``tokenizer.pad_token``); -1: not recorded."""
     version: int = MANIFEST_VERSION
 
     def check(self) -> None:

@@ -245,3 +245,36 @@ def test_a_night_with_no_usable_document_publishes_an_empty_run(spark, kafka_con
     assert m.docs_dropped == dict(sorted(Counter(r for _, r in BAD).items()))
     assert skafka.read_all(kafka_config, m.topic) == []
     assert "no usable document" in (training_skipped(m) or "")
+
+
+def test_a_tokenizer_over_65536_ids_publishes_uint32_and_trains_end_to_end(spark, kafka_config, small_cfg, tmp_path):
+    """DeepSeek-V3's tokenizer has 129,280 ids: records are uint32 from the packer to the trainer, and the
+    EOS/PAD ids the packer used reach the trainer through the manifest."""
+    from tokenizers import Tokenizer
+    from trainer_tools import keys_by_step, launch_trainer, wait_trainer
+
+    tok = Tokenizer.from_file(small_cfg.tokenizer.path)
+    tok.add_tokens([f"<w{i}>" for i in range(70_000)])  # ids 8192 .. 78191
+    big = tmp_path / "big-tokenizer.json"
+    tok.save(str(big))
+    folder = tmp_path / "night"
+    folder.mkdir()
+    high = [f"<w{60_000 + i}>" for i in range(200)]
+    (folder / "part-0.jsonl").write_text("".join(json.dumps({"text": f"doc {i} {w} and <w69999>"}) + "\n"
+                                                 for i, w in enumerate(high)))
+    (folder / "_SUCCESS").write_text("")
+    cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, uri=str(folder)),
+                              tokenizer=dataclasses.replace(small_cfg.tokenizer, path=str(big)))
+    topic = "stoker.test.20261211.a1"
+    m = run_job(spark, cfg, ds="2026-12-11", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
+    assert m.dtype == "uint32" and m.vocab_size == tok.get_vocab_size() > 65_536
+    assert (m.eos_id, m.pad_id) == (tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>"))
+    ids = {int(t) for msg in skafka.read_all(kafka_config, topic)
+           for t in records.decode(msg.value(), msg.headers(), seq_len=m.seq_len).tokens}
+    assert tok.token_to_id("<w69999>") in ids and {tok.token_to_id(w) for w in high} <= ids  # nothing wrapped
+
+    out = tmp_path / "train"
+    wait_trainer(launch_trainer(tmp_path / "run" / "manifest.json", out, kafka_config, 1), out)
+    trained = [k for ks in keys_by_step(out).values() for k in ks]
+    assert len(trained) == len(set(trained)) == m.sequences
+    assert json.loads((out / "train_summary.json").read_text())["sequences_consumed"] == m.sequences

@@ -62,3 +62,24 @@ def test_missing_or_corrupt_manifest_says_what_to_do(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"version": 1, "partitions": []}))
     with pytest.raises(ManifestError, match="malformed"):
         read_manifest(tmp_path)
+
+
+def test_the_trainer_takes_eos_and_pad_from_the_manifest_and_never_guesses(tmp_path):
+    """The ids the packer used travel in the manifest; an earlier manifest without them falls back to the
+    config's default tokens, and a tokenizer without those is an error, not a silent id 0."""
+    import dataclasses
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from stoker.exceptions import StokerError
+    from training.trainer import special_ids
+
+    tok_path = tmp_path / "tok.json"
+    Tokenizer(WordLevel({"a": 0, "<|endoftext|>": 7, "<|pad|>": 9}, unk_token="a")).save(str(tok_path))
+    m = dataclasses.replace(_manifest(), tokenizer_path=str(tok_path))
+    assert special_ids(dataclasses.replace(m, eos_id=3, pad_id=4)) == (3, 4)
+    assert special_ids(dataclasses.replace(m, eos_id=-1, pad_id=-1)) == (7, 9)
+    Tokenizer(WordLevel({"a": 0, "b": 1}, unk_token="a")).save(str(tok_path))
+    with pytest.raises(StokerError, match="records no EOS/PAD ids.*re-run tokenize_publish"):
+        special_ids(dataclasses.replace(m, eos_id=-1, pad_id=-1))
