@@ -25,6 +25,7 @@ run again under the next attempt's topic and counted as ``retried``. Results go 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -62,6 +63,29 @@ def _daemon_workers(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(pid).children(recursive=True) if daemon(p) and daemon(p.parent())]
 
 
+def _busy(workers: list[psutil.Process]) -> list[psutil.Process]:
+    """The workers running a task now (PySpark keeps idle ones for reuse: killing those hurts nothing)."""
+    for w in workers:
+        with contextlib.suppress(psutil.Error):
+            w.cpu_percent(None)
+    time.sleep(0.3)
+    busy = []
+    for w in workers:
+        try:
+            if w.cpu_percent(None) > 20:
+                busy.append(w)
+        except psutil.Error:
+            pass
+    return busy
+
+
+def _keep_log(run_dir: Path, attempt: int) -> None:
+    """The attempt's spark-submit log, before a rerun writes over it."""
+    log = run_dir.parent / f"{run_dir.name}.log"
+    if log.exists():
+        log.rename(log.with_suffix(f".attempt{attempt}.log"))
+
+
 def _count(cluster: ComposeCluster, run_dir: Path) -> dict[str, Any]:
     m = read_manifest(run_dir)
     keys = committed_keys(cluster.client["bootstrap.servers"], m.topic)
@@ -91,9 +115,9 @@ def publish_trial(cluster: ComposeCluster, corpus: Path, work: Path, n: int, fau
         await_publishing(cluster.client, topic, proc)
         time.sleep(delay)
         if proc.poll() is None:
-            if fault == "worker" and (workers := _daemon_workers(proc.pid)):
+            if fault == "worker" and (workers := _busy(_daemon_workers(proc.pid))):
                 rng.choice(workers).send_signal(signal.SIGKILL)
-                victim = "pyspark worker"
+                victim = "pyspark worker running a task"
             elif fault == "job":
                 import os
 
@@ -107,19 +131,22 @@ def publish_trial(cluster: ComposeCluster, corpus: Path, work: Path, n: int, fau
                 cluster.kill(victim)
         rc = proc.wait(timeout=900)
         if fault == "job" and victim:  # the rerun of the date, on the same topic
+            _keep_log(run_dir, retried)
             rc = submit(corpus, topic, run_dir, cluster.client, False).wait(timeout=900)
             retried += 1
         while rc != 0 and retried < 3:  # as Airflow's retry: the next attempt's topic
+            _keep_log(run_dir, retried)
             retried += 1
             topic = f"{topic}r{retried}"
             rc = submit(corpus, topic, run_dir, cluster.client, True).wait(timeout=900)
     finally:
         if victim.startswith("kafka-"):
             cluster.restart(victim)
-    log = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
+    log = "".join(f.read_text(errors="replace") for f in sorted(run_dir.parent.glob(f"{run_dir.name}*.log")))
+    failed = [line.strip()[:300] for line in log.splitlines() if "StokerError" in line or "KafkaException" in line]
     out = {"fault": fault, "delay_s": round(delay, 2), "victim": victim or "none (job ended first)",
            "retried": retried, "rc": rc, "spark_task_retries": log.count("Lost task"),
-           "done_records_reused": log.count("reused its done record")}
+           "done_records_reused": log.count("reused its done record"), "first_errors": failed[:2]}
     return {**out, **(_count(cluster, run_dir) if rc == 0 else {"lost": None, "duplicated": None})}
 
 

@@ -63,8 +63,10 @@ def launch_trainer(manifest_path: Path, out: Path, kafka_config: dict, nproc: in
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STOKER_KAFKA_CONFIG": json.dumps(kafka_config),
            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
                                                   str(Path.home() / ".cache" / "stoker" / "torch-extensions"))}
+    from stoker.local.servers import free_ports
+
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(29600 + os.getpid() % 300), str(REPO / "training" / "train.py"), "--manifest", str(manifest_path),
+           str(free_ports(1)), str(REPO / "training" / "train.py"), "--manifest", str(manifest_path),
            "--out", str(out), "--micro-batch-size", "2", "--log-keys", str(out / "keys.{rank}.jsonl"), *extra]
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / f"launch-{time.time_ns()}.log", "w")  # noqa: SIM115 - the child owns it

@@ -42,21 +42,26 @@ def routers(model: Any) -> list[Any]:
 
 
 class ExpertLoad:
-    """Counts, per MoE layer, how many tokens each routed expert received (forward hooks on routers)."""
+    """Counts, per MoE layer, how many real tokens each routed expert received (forward hooks on
+    routers). ``real`` (bool, one per input token, set before each forward) leaves out padding and
+    the fully masked batch of a rank that ran out of data."""
 
     def __init__(self, model: Any) -> None:
         import torch
 
         self.routers = routers(model)
         self.counts = [torch.zeros(r.e_score_correction_bias.numel(), dtype=torch.float64) for r in self.routers]
+        self.real: Any = None
         self._hooks = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def _hook(self, i: int):
         import torch
 
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
-            topk_indices = output[-1]
-            self.counts[i] += torch.bincount(topk_indices.reshape(-1).detach().cpu(),
+            topk_indices = output[-1].detach()
+            if self.real is not None and self.real.numel() == topk_indices.shape[0]:
+                topk_indices = topk_indices[self.real.reshape(-1).to(topk_indices.device)]
+            self.counts[i] += torch.bincount(topk_indices.reshape(-1).cpu(),
                                              minlength=self.counts[i].numel()).double()
         return hook
 

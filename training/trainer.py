@@ -65,6 +65,8 @@ class StepStats:
     """This rank's sequence keys."""
     local_tokens: int = 0
     """This rank's label tokens (the rest of the fields are summed over every rank)."""
+    optimizer_step: bool = True
+    """The optimizer stepped (the last micro-step of a gradient-accumulation window)."""
 
 
 LAST_STEPS = 10
@@ -153,15 +155,19 @@ def special_ids(manifest: Manifest) -> tuple[int, int]:
     return int(eos), int(pad)
 
 
-def to_tensors(pending: Any, seq_len: int, pad_id: int) -> tuple[Any, Any, Any, list[bytes]]:
-    """The batch as tensors; an empty (fully masked) one-row batch when this rank has no data left."""
+def to_tensors(pending: Any, seq_len: int, pad_id: int) -> tuple[Any, Any, Any, list[bytes], Any]:
+    """The batch as tensors (ids, labels, positions, keys, real-token mask); an empty (fully masked) one-row
+    batch when this rank has no data left."""
     import torch
 
     if pending is None:
         ids = torch.full((1, seq_len), pad_id, dtype=torch.long)
-        return ids, torch.full_like(ids, -100), torch.arange(seq_len).unsqueeze(0), []
+        return (ids, torch.full_like(ids, -100), torch.arange(seq_len).unsqueeze(0), [],
+                torch.zeros(ids.shape, dtype=torch.bool))
     b = pending.batch
-    return (torch.from_numpy(b.input_ids), torch.from_numpy(b.labels), torch.from_numpy(b.position_ids), b.keys)
+    real = torch.from_numpy(b.real) if b.real is not None else torch.ones(b.input_ids.shape, dtype=torch.bool)
+    return (torch.from_numpy(b.input_ids), torch.from_numpy(b.labels), torch.from_numpy(b.position_ids), b.keys,
+            real)
 
 
 def loss_sum(logits: Any, labels: Any) -> Any:
@@ -189,7 +195,7 @@ class Trainer:
 
         from training.data.kafka_source import KafkaTokenSource
         from training.metrics import Metrics
-        from training.model import ExpertLoad, build_model
+        from training.model import ExpertLoad, balance_stats, build_model
 
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -213,6 +219,7 @@ class Trainer:
         self.saved_step = -1
         self._resume()
         self.loads = ExpertLoad(self.engine.module)
+        self.balance = balance_stats([])
         self.metrics = Metrics(self.files, enabled=self.rank == 0)
         self.keys_log = self._open_keys_log()
         log.info("rank %d/%d: partitions %s, %d offsets left, starting at step %d", self.rank, self.world,
@@ -240,7 +247,8 @@ class Trainer:
 
         t0, w0 = time.perf_counter(), self.source.wait_seconds
         pending = self.source.next_batch()
-        input_ids, labels, position_ids, keys = to_tensors(pending, self.manifest.seq_len, self.pad_id)
+        input_ids, labels, position_ids, keys, self.loads.real = to_tensors(pending, self.manifest.seq_len,
+                                                                            self.pad_id)
         mine = int((labels != -100).sum())
         local = torch.tensor([len(keys), mine], dtype=torch.float64)
         dist.all_reduce(local)  # a sync point: every rank learns whether anyone still has data
@@ -252,14 +260,17 @@ class Trainer:
         out = self.engine(input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False)
         s = loss_sum(out.logits, labels)
         self.engine.backward(s / max(tokens, 1.0) * self.world)  # DeepSpeed averages over ranks
+        stepped = self.engine.global_steps
         self.engine.step()
+        stepped = self.engine.global_steps != stepped
         if pending is not None:
             self.source.commit(pending)
         total = torch.tensor([float(s.detach())], dtype=torch.float64)
         dist.all_reduce(total)
         return StepStats(step=self.progress.step + 1, loss=float(total[0]) / max(tokens, 1.0), rows=rows,
                          tokens=int(tokens), seconds=time.perf_counter() - t0,
-                         data_wait=self.source.wait_seconds - w0, keys=keys, local_tokens=mine)
+                         data_wait=self.source.wait_seconds - w0, keys=keys, local_tokens=mine,
+                         optimizer_step=stepped)
 
     def after_step(self, stats: StepStats) -> None:
         """Expert balancing, counters, metrics and the keys log."""
@@ -267,16 +278,18 @@ class Trainer:
 
         from training.model import balance_stats, update_bias
 
-        expert = [c.clone() for c in self.loads.take()]
-        for c in expert:
-            dist.all_reduce(c)
-        if self.recipe.bias_update_speed > 0:
-            update_bias(self.engine.module, expert, self.recipe.bias_update_speed)
+        if stats.optimizer_step:  # DeepSeek-V3 updates the biases once per optimizer step, from the loads of
+            expert = self.loads.take()  # every micro-batch of its window (real tokens only), all ranks
+            for c in expert:
+                dist.all_reduce(c)
+            if self.recipe.bias_update_speed > 0:
+                update_bias(self.engine.module, expert, self.recipe.bias_update_speed)
+            self.balance = balance_stats(expert)
         self.progress.update(stats)
         self.metrics.log(stats.step, {
             "loss": stats.loss, "lr": self.engine.get_lr()[0], "tokens_per_s": stats.tokens / stats.seconds,
             "data_wait_fraction": stats.data_wait / stats.seconds, "sequences_done": self.progress.sequences,
-            **balance_stats(expert)})
+            **self.balance})
         if self.keys_log:
             self.keys_log.write(json.dumps({"step": stats.step, "keys": [k.decode() for k in stats.keys]}) + "\n")
             self.keys_log.flush()

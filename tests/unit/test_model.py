@@ -45,6 +45,22 @@ def test_padding_is_never_a_label():
     assert b.input_ids.tolist() == [[5, 6, 0, 1, 1]]
     assert b.labels.tolist() == [[6, 0, -100, -100, -100]]
     assert b.tokens == 2
+    assert b.real.tolist() == [[True, True, True, False, False]]  # 3 real input tokens (the last, EOS, has no label)
+
+
+def test_expert_loads_count_real_tokens_only():
+    """Padding and the fully masked batch of a rank that ran out do not bias DeepSeek-V3's balancing."""
+    model = build_model(_tiny(), vocab_size=100, seq_len=32, eos_id=0, pad_id=1).eval()
+    loads = ExpertLoad(model)
+    k = model.config.num_experts_per_tok
+    ids = torch.randint(2, 100, (2, 16), generator=torch.Generator().manual_seed(2))
+    real = torch.ones(2, 16, dtype=torch.bool)
+    real[1, 5:] = False
+    for mask, expected in ((None, 32), (real, 21), (torch.zeros(2, 16, dtype=torch.bool), 0)):
+        loads.real = mask
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+        assert [int(c.sum()) for c in loads.take()] == [expected * k] * len(loads.routers)
 
 
 def test_a_document_packed_with_others_gets_the_logits_it_gets_alone():

@@ -26,6 +26,8 @@ class Batch:
     """int64 [batch, seq_len]; restart at 0 at each document start."""
     keys: list[bytes]
     """Sequence ids of the rows (for exactly-once audits)."""
+    real: np.ndarray | None = None
+    """bool [batch, seq_len]: input positions holding a real token, not padding (None: all real)."""
 
     @property
     def tokens(self) -> int:
@@ -44,8 +46,12 @@ def position_ids(seq_len: int, doc_starts: np.ndarray) -> np.ndarray:
 def make_batch(seqs: list[PackedSequence], keys: list[bytes], seq_len: int) -> Batch:
     tokens = np.stack([s.tokens for s in seqs]).astype(np.int64)  # the one copy: into the batch
     inputs, labels = tokens[:, :-1], tokens[:, 1:].copy()
+    real = None
     for row, s in enumerate(seqs):
         if s.valid is not None:  # padding tail: nothing to predict from position valid-1 on
             labels[row, max(s.valid - 1, 0):] = IGNORE
+            if real is None:
+                real = np.ones(inputs.shape, dtype=bool)
+            real[row, s.valid:] = False
     pos = np.stack([position_ids(seq_len, s.doc_starts) for s in seqs])
-    return Batch(input_ids=np.ascontiguousarray(inputs), labels=labels, position_ids=pos, keys=keys)
+    return Batch(input_ids=np.ascontiguousarray(inputs), labels=labels, position_ids=pos, keys=keys, real=real)
