@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from stoker.client_config import CALLBACK_KEYS, PASSWORD_FILE, with_password_file  # noqa: F401 - re-exported
 from stoker.exceptions import KafkaTimeout, StokerError
 from stoker.lag import LagReport, PartitionLag, compute_lag  # noqa: F401 - the sensors' and tests' spelling
 
@@ -54,40 +55,6 @@ def config_from_env(var: str = "STOKER_KAFKA_CONFIG") -> dict[str, Any]:
         if isinstance(conf.get(key), str):
             conf[key] = _import_callable(conf[key])
     return with_password_file(conf)
-
-
-PASSWORD_FILE = "sasl.password.file"
-"""A client config key of Stoker's, not librdkafka's: a file holding ``sasl.password`` (plain text,
-or JSON with a ``password`` field, as ``stoker kafka up --secure`` writes), so the password stays
-out of connections, environments and command lines; each client reads it where it runs."""
-
-
-def with_password_file(conf: dict[str, Any]) -> dict[str, Any]:
-    """``conf`` with :data:`PASSWORD_FILE` replaced by the ``sasl.password`` it holds."""
-    import json
-    from pathlib import Path
-
-    from stoker.exceptions import ConfigError
-
-    if PASSWORD_FILE not in conf:
-        return conf
-    out = {k: v for k, v in conf.items() if k != PASSWORD_FILE}
-    path = Path(str(conf[PASSWORD_FILE]))
-    try:
-        text = path.read_text().strip()
-    except OSError as e:
-        raise ConfigError(f"{PASSWORD_FILE} = {str(path)!r}: cannot be read ({e.strerror}): mount or create it "
-                          "where this client runs") from None
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        parsed = text
-    out["sasl.password"] = str(parsed["password"] if isinstance(parsed, dict) else parsed)
-    return out
-
-
-CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit")
-"""librdkafka callbacks a connection may name by dotted path (as the Kafka provider allows)."""
 
 
 def _import_callable(path: str) -> Any:
@@ -345,14 +312,30 @@ def committed_offsets(
     return out
 
 
-def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: Mapping[int, int]) -> None:
-    """Commit ``offsets`` (next offset to read, per partition) for ``group`` without joining it."""
+def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: Mapping[int, int],
+                   deadline_s: float = 180.0) -> None:
+    """Commit ``offsets`` (next offset to read, per partition) for ``group`` without joining it.
+
+    While the group's coordinator fails over (its broker killed: the controller notices after the
+    broker session timeout, then a new leader of its ``__consumer_offsets`` partition takes over), a
+    request times out or is refused as retriable: try again with a fresh client, until ``deadline_s``."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
     tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
     req = [ConsumerGroupTopicPartitions(group, tps)]
-    client = admin(config)
-    _wait(client.alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "alter_consumer_group_offsets")
+    give_up, pause = time.monotonic() + deadline_s, 1.0
+    while True:
+        try:
+            _wait(admin(config).alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S),
+                  "alter_consumer_group_offsets")
+            return
+        except StokerError as e:
+            if not (isinstance(e.__cause__, FutureTimeout) or _retriable(e)) or time.monotonic() + pause > give_up:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 10.0)
 
 
 def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True, timeout: float = 60.0) -> list[Any]:
