@@ -327,9 +327,9 @@ def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: M
     req = [ConsumerGroupTopicPartitions(group, tps)]
     give_up, pause = time.monotonic() + deadline_s, 1.0
     while True:
+        client = admin(config)  # held while its futures are pending: a collected client never completes them
         try:
-            _wait(admin(config).alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S),
-                  "alter_consumer_group_offsets")
+            _wait(client.alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "alter_consumer_group_offsets")
             return
         except StokerError as e:
             if not (isinstance(e.__cause__, FutureTimeout) or _retriable(e)) or time.monotonic() + pause > give_up:
