@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,9 @@ from stoker.manifest import Manifest
 from training.data.batch import Batch, make_batch
 
 log = logging.getLogger("stoker.train.source")
+
+BUFFER_CAP = 2048
+"""Records buffered per partition before its fetching pauses (the order rule may wait on another)."""
 
 
 @dataclass(slots=True)
@@ -51,10 +56,16 @@ class KafkaTokenSource:
         self.poll_timeout, self.stall_timeout = poll_timeout, stall_timeout
         self.end = {p.partition: p.end_offset for p in manifest.partitions}
         self.offsets = {p.partition: p.start_offset for p in manifest.partitions}
+        self.start = dict(self.offsets)
         self.partitions = assign(list(self.end), rank, world)
         self._consumer: Any = None
         self._pos: dict[int, int] = {}
         self._live: set[int] = set()
+        """Partitions not yet at their end offset (records may still be buffered for a finished one)."""
+        self._buf: dict[int, deque[Any]] = {}
+        self._paused: set[int] = set()
+        self._order: list[tuple[int, int]] = []
+        """Heap of (offsets advanced from the start, partition) of the unfinished partitions."""
         self.wait_seconds = 0.0
         """Time spent blocked on Kafka (the data-wait share of step time)."""
 
@@ -89,6 +100,10 @@ class KafkaTokenSource:
         self._consumer = Consumer(conf)
         self._pos = {p: self.offsets[p] for p in self.partitions}
         self._live = {p for p in self.partitions if self.offsets[p] < self.end[p]}
+        self._buf = {p: deque() for p in self.partitions}
+        self._paused = set()
+        self._order = [(self._pos[p] - self.start[p], p) for p in sorted(self._live)]
+        heapq.heapify(self._order)
         self._consumer.assign([TopicPartition(self.manifest.topic, p, self.offsets[p]) for p in sorted(self._live)])
 
     def _close(self) -> None:
@@ -99,43 +114,77 @@ class KafkaTokenSource:
     def close(self) -> None:
         self._close()
 
-    def next_batch(self) -> Pending | None:
-        """Up to ``batch_size`` sequences from this rank's partitions (fewer at the very end, None
-        when every partition is at its end). Offsets are not advanced until :meth:`commit`."""
-        from confluent_kafka import KafkaError
+    def _receive(self, msgs: list[Any]) -> None:
+        """File fetched messages into their partition's buffer; note partitions that reached their end."""
+        from confluent_kafka import KafkaError, TopicPartition
 
+        for msg in msgs:
+            p, offset = msg.partition(), msg.offset()
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise StokerError(f"reading {self.manifest.topic}[{p}]: {msg.error()}")
+                if offset >= self.end[p]:  # at the end: only transaction markers lay between the last record and here
+                    self._live.discard(p)
+            elif p in self._live:
+                if offset >= self.end[p]:  # past the manifest's range: not this run's data
+                    self._live.discard(p)
+                else:
+                    self._buf[p].append(msg)
+                    if len(self._buf[p]) >= BUFFER_CAP and p not in self._paused:
+                        self._consumer.pause([TopicPartition(self.manifest.topic, p)])
+                        self._paused.add(p)
+
+    def _fill(self, p: int) -> None:
+        """Fetch until partition ``p`` has a record buffered or is at its end (buffering the others')."""
+        from confluent_kafka import TopicPartition
+
+        if p in self._paused and len(self._buf[p]) < BUFFER_CAP // 2:
+            self._consumer.resume([TopicPartition(self.manifest.topic, p)])
+            self._paused.discard(p)
+        last_progress = time.monotonic()
+        while not self._buf[p] and p in self._live:
+            msgs = self._consumer.consume(512, 0)  # what has arrived, without waiting for a full batch
+            if not msgs:
+                one = self._consumer.poll(self.poll_timeout)
+                msgs = [one] if one is not None else []
+            if msgs:
+                last_progress = time.monotonic()
+                self._receive(msgs)
+            elif time.monotonic() - last_progress > self.stall_timeout:
+                raise StokerError(f"no data from {self.manifest.topic} partition {p} for {self.stall_timeout:.0f}s "
+                                  "before its end offset: is the broker up?")
+
+    def next_batch(self) -> Pending | None:
+        """Up to ``batch_size`` sequences from this rank's partitions (fewer at the very end, None when
+        every partition is at its end). Offsets are not advanced until :meth:`commit`.
+
+        The order is a function of the offsets alone: each row comes from the rank's unfinished partition
+        that has advanced least from its start offset (ties: the lower partition). So for a manifest and a
+        world size every rank trains the same sequences in the same batches whatever the arrival timing,
+        and a resume from a checkpoint (which holds exactly these offsets) continues the batches an
+        uninterrupted run would have trained. At another world size the partitions are reassigned: each
+        continues at its offset, and the same rule orders the new assignment, so the batches differ."""
         if self._consumer is None:
             self._open()
         seqs: list[Any] = []
         keys: list[bytes] = []
         t0 = time.perf_counter()
-        last_progress = time.monotonic()
-        while len(seqs) < self.batch_size and self._live:
-            msg = self._consumer.poll(self.poll_timeout)
-            if msg is None:
-                if time.monotonic() - last_progress > self.stall_timeout:
-                    raise StokerError(f"no data from {self.manifest.topic} partitions {sorted(self._live)} for "
-                                      f"{self.stall_timeout:.0f}s before their end offsets: is the broker up?")
-                continue
-            p, offset = msg.partition(), msg.offset()
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    raise StokerError(f"reading {self.manifest.topic}[{p}]: {msg.error()}")
-                if p in self._live and offset >= self.end[p]:
-                    # at the end: nothing but transaction markers lay between the last record and here
-                    self._pos[p] = self.end[p]
-                    self._live.discard(p)
-                continue
-            if p not in self._live:
-                continue
-            if offset >= self.end[p]:  # past the manifest's range: not this run's data
-                self._pos[p] = self.end[p]
-                self._live.discard(p)
-                continue
-            last_progress = time.monotonic()
-            seqs.append(records.decode(msg.value(), msg.headers(), seq_len=self.manifest.seq_len))
+        order, buf, pos, seq_len = self._order, self._buf, self._pos, self.manifest.seq_len
+        while len(seqs) < self.batch_size and order:
+            _, p = heapq.heappop(order)  # the unfinished partition that advanced least (ties: the lower one)
+            if not buf[p]:
+                self._fill(p)
+                if not buf[p]:
+                    pos[p] = self.end[p]  # at its end: it leaves the order
+                    continue
+            msg = buf[p].popleft()
+            seqs.append(records.decode(msg.value(), msg.headers(), seq_len=seq_len))
             keys.append(msg.key())
-            self._pos[p] = offset + 1
+            pos[p] = msg.offset() + 1
+            heapq.heappush(order, (pos[p] - self.start[p], p))
+        for q in self.partitions:
+            if q not in self._live and not self._buf[q]:
+                self._pos[q] = self.end[q]
         self.wait_seconds += time.perf_counter() - t0
         if not seqs:
             self.offsets.update(self._pos)  # every partition of this rank is at its end
