@@ -15,8 +15,9 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup
 from stoker import paths
 from stoker.config import CorpusConfig, load_each
 from stoker.exceptions import ConfigError
-from stoker.layout import RunLayout, topic_prefix
+from stoker.layout import RunLayout, line_pool, topic_prefix
 from stoker_airflow.callbacks import stage_finished, stage_started
+from stoker_airflow.lines import LineSettings
 from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
 
@@ -38,6 +39,11 @@ the manifest's) → `train` (DeepSpeed, {world} rank(s), recipe `{recipe}`, laun
 followed, deferred, until the training consumer group has consumed the run; a trainer that dies is
 relaunched by the task's retry and resumes from its last checkpoint) → `await_consumed` (Kafka
 confirms the group's lag is 0) → `report` (the run summary).
+
+**Model line** `{line}`: each night continues the newest night of the line before it (the line's
+first night starts from `{init}`); a night joins the line only when its training succeeded, and the
+line's nights train one at a time (pool `{pool}`). Nights: `.stoker/lines/{line}/nights/<date>/`
+(checkpoint, HF export with its model card).
 
 Run state: `.stoker/runs/{name}/<date>/` (manifest.json, quarantine/, timings.json, summary.json).
 Print a run's summary with `stoker runs show {name}/<date>`.
@@ -105,6 +111,8 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
             task_id="train", manifest_path=str(run.manifest), recipe=cfg.train.recipe,
             world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic], poll_interval=5,
             timeout_s=cfg.train.timeout_s, log_keys=cfg.train.log_keys, retries=cfg.train.max_restarts,
+            line=LineSettings.of(cfg.train).to_dict(), pool=line_pool(cfg.train.line), nodes=cfg.train.nodes,
+            launcher=cfg.train.launcher, node_shell=cfg.train.node_shell,
             retry_delay=timedelta(seconds=cfg.train.restart_delay_s), retry_exponential_backoff=False,
             doc_md=("Launches the trainer detached (torchrun) and follows it, deferred, until it has consumed "
                     "the run (progress as % of the run's tokens). A trainer that dies fails this try within "
@@ -138,7 +146,8 @@ def _dag_args(cfg: CorpusConfig) -> dict[str, Any]:
         },
         "params": _params(cfg),
         "doc_md": DOC.format(name=cfg.name, description=cfg.description.strip(), uri=cfg.source.uri,
-                             seq_len=cfg.pack.seq_len, world=cfg.train.world_size, recipe=cfg.train.recipe),
+                             seq_len=cfg.pack.seq_len, world=cfg.train.world_size, recipe=cfg.train.recipe,
+                             line=cfg.train.line, init=cfg.train.init, pool=line_pool(cfg.train.line)),
         "tags": ["stoker", f"corpus:{cfg.name}"],
     }
 
@@ -177,8 +186,23 @@ def config_errors_dag(errors: list[str]) -> DAG:
     return dag
 
 
+def recipe_error(cfg: CorpusConfig) -> str | None:
+    """The corpus's ``train.recipe`` must be a built-in or a valid ``corpora/recipes/<name>.yaml``."""
+    from training.recipes import get_recipe
+
+    try:
+        get_recipe(cfg.train.recipe)
+    except ConfigError as e:
+        return f"{paths.corpora_dir() / (cfg.name + '.yaml')}: {e}"
+    return None
+
+
 _configs, _errors = load_each(paths.corpora_dir())
 for _cfg in _configs:
-    globals()[f"refresh_{_cfg.name}"] = build_dag(_cfg)
+    _bad_recipe = recipe_error(_cfg)
+    if _bad_recipe:
+        _errors.append(_bad_recipe)
+    else:
+        globals()[f"refresh_{_cfg.name}"] = build_dag(_cfg)
 if _errors:
     stoker_corpus_config_errors = config_errors_dag(_errors)

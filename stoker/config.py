@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -19,16 +17,14 @@ from typing import Any
 import yaml
 
 from stoker.exceptions import ConfigError
+from stoker.schema import build, jsonable
+from stoker.schema import fail as _fail
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SCHEMES = ("file", "s3", "s3a", "hdfs")
 _FORMATS = ("jsonl", "text", "parquet")
 _NORMALIZATIONS = ("NFC", "NFKC", "none")
 _COMPRESSIONS = ("zstd", "lz4")
-
-
-def _fail(where: str, value: Any, why: str) -> ConfigError:
-    return ConfigError(f"{where} = {value!r}: {why}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -244,6 +240,31 @@ class TrainConfig:
     log_keys: bool = False
     """Audit: every step's sequence keys, per rank, in the trainer folder's ``keys.<rank>.jsonl``
     (what the weights saw: each key exactly once, across restarts)."""
+    nodes: list[str] = field(default_factory=list)
+    """Hosts the ranks run on (none: this machine). Several: one ``torchrun`` per node joining a c10d
+    rendezvous on the first (``launcher: deepspeed``: one launcher with a hostfile); each node runs
+    ``world_size / len(nodes)`` ranks and must see the project and the run folder at the same paths."""
+    launcher: str = "torchrun"
+    """``torchrun`` or ``deepspeed`` (DeepSpeed's launcher; over several nodes it uses pdsh/ssh itself)."""
+    node_shell: str = "ssh {host}"
+    """How a torchrun reaches a node that is not this machine."""
+    line: str = ""
+    """The model line this corpus's nights continue (default: the corpus name). Several corpora may
+    feed one line; its nights train one at a time (an Airflow pool of one slot per line)."""
+    init: str = "random"
+    """How the line starts: ``random`` (the recipe's shape) or a local Hugging Face folder of a causal
+    LM (DeepSeek-V3/V2 family, or Llama/Qwen), loaded offline with ``from_pretrained``."""
+    older_nights: str = "branch"
+    """A night older than the line's head (a backfill after newer nights trained): ``branch`` trains
+    it from the newest night before it and leaves the head where it is; ``refuse`` fails its train
+    task with a message."""
+    optimizer: str = "carry"
+    """Across nights: ``carry`` restores the parent night's AdamW moments (fresh where they cannot be
+    loaded, e.g. another ZeRO world size, or an HF init); ``fresh`` starts new ones every night."""
+    lr_schedule: str = "rewarm"
+    """Across nights: ``rewarm`` warms up and cosine-decays again over each night's steps (re-warming
+    and re-decaying, as in continual pre-training); ``constant`` warms up on the line's first night
+    only, then holds the peak LR (the stable phase of a warmup-stable-decay schedule)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -254,6 +275,21 @@ class TrainConfig:
             raise _fail("train.max_restarts", self.max_restarts, "must be in [0, 100]")
         if self.restart_delay_s < 0:
             raise _fail("train.restart_delay_s", self.restart_delay_s, "must be >= 0")
+        if self.nodes and self.world_size % len(self.nodes):
+            raise _fail("train.world_size", self.world_size, f"must be a multiple of len(train.nodes) "
+                        f"({len(self.nodes)}): every node runs the same number of ranks")
+        if self.launcher not in ("torchrun", "deepspeed"):
+            raise _fail("train.launcher", self.launcher, "must be 'torchrun' or 'deepspeed'")
+        if "{host}" not in self.node_shell:
+            raise _fail("train.node_shell", self.node_shell, "must contain {host}, e.g. 'ssh {host}'")
+        if self.line and not _NAME_RE.match(self.line):
+            raise _fail("train.line", self.line, "must match [a-z][a-z0-9_]{0,63} (it names an Airflow pool)")
+        for name, allowed in (("older_nights", ("branch", "refuse")), ("optimizer", ("carry", "fresh")),
+                              ("lr_schedule", ("rewarm", "constant"))):
+            if getattr(self, name) not in allowed:
+                raise _fail(f"train.{name}", getattr(self, name), f"must be one of {list(allowed)}")
+        if not self.init:
+            raise _fail("train.init", self.init, "must be 'random' or a local Hugging Face model folder")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -274,6 +310,8 @@ class CorpusConfig:
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
             raise _fail("name", self.name, "must match [a-z][a-z0-9_]{0,63}")
+        if not self.train.line:
+            self.train.line = self.name
         if self.topic.partitions % self.train.world_size:
             raise _fail(
                 "topic.partitions",
@@ -283,71 +321,13 @@ class CorpusConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, date):
-        return obj.isoformat()
-    return obj
-
-
-def _check_type(where: str, value: Any, tp: Any) -> Any:
-    """Coerce/verify one scalar against its annotation; bool is never accepted as int."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _check_type(where, value, inner)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(v, str | int | float) and not isinstance(v, bool)
-                                                  for v in value.values()):
-            raise _fail(where, value, "must be a mapping of names to values")
-        return {str(k): str(v) for k, v in value.items()}
-    if tp is date:
-        if isinstance(value, date):
-            return value
-        try:
-            return date.fromisoformat(str(value))
-        except ValueError:
-            raise _fail(where, value, "must be a date YYYY-MM-DD") from None
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise _fail(where, value, f"must be of type {tp.__name__}, got {type(value).__name__}")
-    return value
-
-
-def _build(cls: Any, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise _fail(where or cls.__name__, data, "must be a mapping")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(
-            f"{where or 'corpus'}: unknown key(s) {unknown}; allowed: {sorted(names)} (check for typos)"
-        )
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        key = f"{where}.{f.name}" if where else f.name
-        if f.name in data:
-            kwargs[f.name] = _check_type(key, data[f.name], hints[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{key} is required but missing: add it to the corpus YAML")
-    return cls(**kwargs)
+        return jsonable(dataclasses.asdict(self))
 
 
 def parse_corpus(data: Any, origin: str = "<dict>") -> CorpusConfig:
     """Validate a mapping into a :class:`CorpusConfig`; errors name ``origin`` (the YAML file)."""
     try:
-        return _build(CorpusConfig, data, "")
+        return build(CorpusConfig, data, "")
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
 

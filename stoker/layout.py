@@ -84,6 +84,17 @@ class TrainerFiles:
         (``{rank}`` is the rank)."""
         return self.folder / "keys.{rank}.jsonl"
 
+    @property
+    def secrets(self) -> Path:
+        """The Kafka client config for launchers on other nodes (0600; removed when the task ends)."""
+        return self.folder / "secrets.json"
+
+    @property
+    def parent(self) -> Path:
+        """The model this trainer's night continues (``stoker.lines.Parent``), fixed at its first launch
+        so that every retry of the night starts from the same model."""
+        return self.folder / "parent.json"
+
     def exit_code(self) -> int | None:
         try:
             return int(self.rc.read_text().strip())
@@ -134,6 +145,67 @@ class RunLayout:
 
     def trainer(self, topic: str) -> TrainerFiles:
         return TrainerFiles(self.train_dir / topic)
+
+
+@dataclass(frozen=True, slots=True)
+class NightFiles:
+    """One trained night of a model line: its record, its final checkpoint (model and optimizer, for
+    the next night) and its Hugging Face export with the model card."""
+
+    folder: Path
+
+    @property
+    def record(self) -> Path:
+        return self.folder / "night.json"
+
+    @property
+    def checkpoint(self) -> Path:
+        """A DeepSpeed checkpoint folder (``latest`` + one tag)."""
+        return self.folder / "checkpoint"
+
+    @property
+    def model(self) -> Path:
+        return self.folder / "hf"
+
+    @property
+    def card(self) -> Path:
+        return self.model / "README.md"
+
+
+@dataclass(frozen=True, slots=True)
+class LineLayout:
+    """A model line: the nights it trained, by date; its head is the newest one::
+
+        <state>/lines/<line>/nights/<ds>/     NightFiles (night.json, checkpoint/, hf/)
+    """
+
+    folder: Path
+
+    @classmethod
+    def of(cls, line: str, root: Path | str | None = None) -> LineLayout:
+        return cls(Path(root if root is not None else paths.state_dir() / "lines") / line)
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    @property
+    def nights_dir(self) -> Path:
+        return self.folder / "nights"
+
+    def night(self, ds: str) -> NightFiles:
+        return NightFiles(self.nights_dir / ds)
+
+    def nights(self) -> list[NightFiles]:
+        """Every night with a record, oldest first."""
+        found = [NightFiles(p.parent) for p in self.nights_dir.glob("*/night.json")
+                 if not p.parent.name.startswith(".")]  # a promotion's temporary folder
+        return sorted(found, key=lambda n: n.folder.name)
+
+
+def line_pool(line: str) -> str:
+    """The Airflow pool (one slot) that lets one night of a line train at a time."""
+    return f"stoker_line_{line}"
 
 
 def all_runs(root: Path | str | None = None) -> Iterator[RunLayout]:

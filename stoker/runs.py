@@ -9,7 +9,7 @@ from typing import Any
 
 from stoker import paths
 from stoker.exceptions import ManifestError
-from stoker.layout import RunLayout
+from stoker.layout import LineLayout, RunLayout
 from stoker.layout import all_runs as _all_run_layouts
 from stoker.manifest import atomic_write_json, read_manifest
 
@@ -105,12 +105,25 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 def _training(run_dir: Path, topic: str) -> dict[str, Any] | None:
     """The trainer's summary for the manifest's topic, if it has finished."""
-    data = _read_json(RunLayout(Path(run_dir)).trainer(topic).summary)
+    files = RunLayout(Path(run_dir)).trainer(topic)
+    data = _read_json(files.summary)
     if not data:
         return None
     keys = ("steps", "sequences_consumed", "sequences_published", "tokens_consumed", "first_loss", "last_loss",
             "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe", "ranks")
-    return {k: data.get(k) for k in keys}
+    return {**{k: data.get(k) for k in keys}, "line": _line(files, topic)}
+
+
+def _line(files: Any, topic: str) -> dict[str, Any] | None:
+    """The model line the night continued, its parent, and whether the night joined the line."""
+    parent = _read_json(files.parent)
+    if not parent:
+        return None
+    ds = Path(files.folder).parents[1].name
+    night = LineLayout.of(parent["line"]).night(ds)
+    joined = (_read_json(night.record) or {}).get("topic") == topic
+    return {"line": parent["line"], "parent": parent, "joined": joined,
+            "card": str(night.card) if joined else None}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -149,8 +162,19 @@ def render(s: dict[str, Any]) -> str:
             f"    checkpoint     {t['checkpoint']}",
             f"    export         {t['export']}",
             f"    loss curve     {t['loss_curve']}",
+            *_render_line(t.get("line")),
         ]
     return "\n".join(lines)
+
+
+def _render_line(line: dict[str, Any] | None) -> list[str]:
+    if not line:
+        return []
+    p = line["parent"]
+    start = f"night {p['ds']}" if p["kind"] == "night" else p.get("path") or "random weights"
+    role = "" if p.get("role", "head") == "head" else " (older than the head: a branch)"
+    state = f"joined{role}; model card {line['card']}" if line["joined"] else "not joined (training did not finish)"
+    return [f"  model line       {line['line']}: continued {start}; {state}"]
 
 
 def _render_sources(sources: list[dict[str, Any]], most: int = 8) -> list[str]:

@@ -53,6 +53,43 @@ def publish_run(config: dict, tokenizer: Path, out: Path, *, partitions: int = 4
     return m
 
 
+def publish_text_run(config: dict, tokenizer: Path, texts: list[str], out: Path, *, ds: str, seq_len: int = 64,
+                     partitions: int = 2, corpus: str = "lines", max_sequences: int = 300) -> Manifest:
+    """Real text as the Spark stage packs it (documents back to back, EOS after each, ``seq_len + 1``
+    ids a record), so that a model's loss on it means something; one transaction; manifest in ``out``."""
+    from confluent_kafka import Producer
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    eos, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>")
+    ids = [i for e in tok.encode_batch(texts, add_special_tokens=False) for i in [*e.ids, eos]]
+    rows = [ids[i:i + seq_len + 1] for i in range(0, len(ids) - seq_len, seq_len + 1)][:max_sequences]
+    topic = f"stoker.{corpus}.{ds.replace('-', '')}.{time.time_ns()}"
+    skafka.create_topic(config, topic, partitions, 1, {})
+    producer = Producer({**config, "transactional.id": topic, "acks": "all"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    counts: Counter[int] = Counter()
+    for i, row in enumerate(rows):
+        producer.produce(topic, key=records.make_key(0, i), partition=i % partitions,
+                         value=records.encode_value(np.asarray(row), "uint16"),
+                         headers=records.encode_headers(f"{corpus}/{ds}", "uint16", doc_starts=[0]))
+        counts[i % partitions] += 1
+    producer.commit_transaction(30)
+    ends = skafka.stable_end_offsets(config, topic)
+    from stoker.manifest import sha256_file
+
+    m = Manifest(run_id=f"{corpus}/{ds}", corpus=corpus, ds=ds, topic=topic,
+                 partitions=[PartitionRange(partition=p, start_offset=0, end_offset=ends[p], sequences=counts[p])
+                             for p in range(partitions)],
+                 seq_len=seq_len, dtype="uint16", tokenizer_path=str(tokenizer),
+                 tokenizer_sha256=sha256_file(tokenizer), vocab_size=tok.get_vocab_size(), docs_in=len(texts),
+                 docs_kept=len(texts), docs_dropped={}, tokens=len(rows) * (seq_len + 1), padding_tokens=0,
+                 sequences=len(rows), source_uri="/synthetic", eos_id=eos, pad_id=pad)
+    write_manifest(out, m)
+    return m
+
+
 def all_keys(m: Manifest) -> list[str]:
     """The keys :func:`publish_run` gave the run's sequences, sorted."""
     return sorted(records.make_key(0, i).decode() for i in range(m.sequences))

@@ -1,4 +1,5 @@
-"""Named training recipes: one function per shape of run, each returning a validated TrainRecipe.
+"""Named training recipes: one function per shape of run, each returning a validated TrainRecipe, and
+recipes written in YAML (``corpora/recipes/<name>.yaml``) validated by the same dataclasses.
 
 ``debug_cpu()`` is the embedded default (a ~8M-parameter DeepSeek-V3 that trains on 2 CPU cores);
 ``small_1gpu()`` and ``multi_8gpu()`` are starting points for real hardware.
@@ -7,6 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stoker.exceptions import ConfigError
@@ -126,8 +128,74 @@ def multi_8gpu() -> TrainRecipe:
 RECIPES = {f.__name__: f for f in (debug_cpu, small_1gpu, multi_8gpu)}
 
 
-def get_recipe(name: str) -> TrainRecipe:
+def recipe_files() -> dict[str, Path]:
+    """Recipes written in YAML: ``<corpora>/recipes/<name>.yaml``, next to the corpus configs."""
+    from stoker import paths
+
+    return {p.stem: p for p in sorted((paths.corpora_dir() / "recipes").glob("*.yaml"))}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def with_overrides(recipe: TrainRecipe, overrides: dict[str, Any], where: str) -> TrainRecipe:
+    """``recipe`` with ``overrides`` (nested like the recipe: ``{"model": {"hidden_size": 512}}``), built and
+    validated as a recipe file is: unknown keys, wrong types and bad values fail with the key's name."""
+    from stoker.schema import build
+
     try:
+        return build(TrainRecipe, _merge(recipe.to_dict(), overrides), "")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["lr=3e-4", "model.num_layers=8"]`` → ``{"lr": 0.0003, "model": {"num_layers": 8}}`` (YAML values)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: must be KEY=VALUE, e.g. lr=3e-4 or model.num_layers=8")
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(raw)
+    return out
+
+
+def load_recipe_file(path: Path, seen: tuple[str, ...] = ()) -> TrainRecipe:
+    """A YAML recipe: the keys of :class:`TrainRecipe` (``model`` as a mapping of :class:`ModelShape`'s),
+    plus an optional ``base`` (a built-in or another YAML recipe) whose values it starts from."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not a readable YAML recipe: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of recipe keys, got {type(data).__name__}")
+    if path.stem in RECIPES:
+        raise ConfigError(f"{path}: {path.stem!r} is a built-in recipe's name: name the file otherwise")
+    base_name = data.pop("base", None)
+    if base_name in seen:
+        raise ConfigError(f"{path}: base = {base_name!r} makes a cycle of recipes {[*seen, base_name]}")
+    base = get_recipe(str(base_name), (*seen, path.stem)) if base_name is not None else TrainRecipe(name=path.stem)
+    return with_overrides(base, {**data, "name": path.stem}, str(path))
+
+
+def get_recipe(name: str, seen: tuple[str, ...] = ()) -> TrainRecipe:
+    """A built-in recipe, or ``<corpora>/recipes/<name>.yaml``."""
+    if name in RECIPES:
         return RECIPES[name]()
-    except KeyError:
-        raise ConfigError(f"train.recipe = {name!r}: no such recipe; choose one of {sorted(RECIPES)}") from None
+    files = recipe_files()
+    if name in files:
+        return load_recipe_file(files[name], seen)
+    raise ConfigError(f"train.recipe = {name!r}: no such recipe; built in: {sorted(RECIPES)}; in YAML "
+                      f"(corpora/recipes/<name>.yaml): {sorted(files) or 'none'}")

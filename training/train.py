@@ -29,9 +29,23 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     ap.add_argument("--micro-batch-size", type=int)
     ap.add_argument("--checkpoint-every", type=int)
     ap.add_argument("--log-keys", help="append each step's sequence keys to this file ({rank} = the rank)")
+    ap.add_argument("--init-from", help="start from this model when --out holds no checkpoint: a night of a "
+                    "model line or a local Hugging Face folder (default: random weights)")
+    ap.add_argument("--optimizer", choices=("carry", "fresh"), default="carry",
+                    help="carry the parent night's optimizer state, or start fresh")
+    ap.add_argument("--lr-schedule", choices=("rewarm", "constant"), default="rewarm")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a recipe value (lr=3e-4, model.num_layers=8); validated like a recipe file")
+    ap.add_argument("--secrets-file", help="a 0600 JSON file of environment entries (STOKER_KAFKA_CONFIG) for "
+                    "ranks on nodes the launcher reached over ssh")
     ap.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     ns = vars(ap.parse_args(argv))
     ns.pop("local_rank")
+    secrets = ns.pop("secrets_file")
+    if secrets:
+        from stoker.paths import load_private_env
+
+        load_private_env(secrets)
     return TrainArgs(**ns)
 
 

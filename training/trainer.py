@@ -12,7 +12,6 @@ at the manifest's end offsets (lag 0).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -26,7 +25,7 @@ from typing import Any
 from stoker import kafka as skafka
 from stoker.layout import TrainerFiles, consumer_group
 from stoker.manifest import Manifest, read_manifest
-from training import checkpoint
+from training import checkpoint, lineage
 from training.recipes import TrainRecipe, get_recipe
 
 log = logging.getLogger("stoker.train")
@@ -49,6 +48,15 @@ class TrainArgs:
     checkpoint_every: int | None = None
     log_keys: str | None = None
     """Append each step's sequence keys to this file (``{rank}`` = the rank)."""
+    init_from: str | None = None
+    """Start from this model when the folder holds no checkpoint yet: a night of a model line or a
+    local Hugging Face folder (default: random weights in the recipe's shape)."""
+    optimizer: str = "carry"
+    """``carry`` the parent night's optimizer state, or start ``fresh`` (training/lineage.py)."""
+    lr_schedule: str = "rewarm"
+    """``rewarm`` (warm-up and cosine over this night) or ``constant`` after the line's first night."""
+    set: list[str] = field(default_factory=list)
+    """Recipe overrides ``KEY=VALUE`` (``lr=3e-4``, ``model.num_layers=8``), validated like a recipe file."""
 
 
 @dataclass(slots=True)
@@ -117,22 +125,25 @@ class Progress:
         self.sequences, self.tokens = state.get("sequences", 0), state.get("tokens", 0)
 
 
-def ds_config(recipe: TrainRecipe, total_steps: int) -> dict[str, Any]:
-    return {
+def ds_config(recipe: TrainRecipe, total_steps: int, scheduled: bool = True) -> dict[str, Any]:
+    """DeepSpeed's config; not ``scheduled``: the recipe's LR throughout, no warm-up."""
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": recipe.micro_batch_size,
         "gradient_accumulation_steps": recipe.grad_accum_steps,
         "gradient_clipping": recipe.grad_clip,
         "optimizer": {"type": "AdamW", "params": {
             "lr": recipe.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": recipe.weight_decay,
             "torch_adam": recipe.torch_adam}},
-        "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": max(total_steps, recipe.warmup_steps + 1), "warmup_num_steps": recipe.warmup_steps,
-            "warmup_min_ratio": 0.0, "cos_min_ratio": recipe.min_lr_ratio}},
         "zero_optimization": {"stage": recipe.zero_stage},
         "bf16": {"enabled": recipe.bf16},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+    if scheduled:
+        config["scheduler"] = {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": max(total_steps, recipe.warmup_steps + 1), "warmup_num_steps": recipe.warmup_steps,
+            "warmup_min_ratio": 0.0, "cos_min_ratio": recipe.min_lr_ratio}}
+    return config
 
 
 def special_ids(manifest: Manifest) -> tuple[int, int]:
@@ -178,11 +189,14 @@ def loss_sum(logits: Any, labels: Any) -> Any:
 
 
 def resolve_recipe(args: TrainArgs) -> TrainRecipe:
-    """The named recipe with the command line's overrides, validated like the recipe itself."""
-    recipe = get_recipe(args.recipe)
-    overrides: dict[str, Any] = {k: v for k, v in (("micro_batch_size", args.micro_batch_size),
-                                                   ("checkpoint_every", args.checkpoint_every)) if v}
-    return dataclasses.replace(recipe, **overrides) if overrides else recipe
+    """The named recipe with the command line's overrides, built and validated as a recipe file is."""
+    from training.recipes import parse_overrides, with_overrides
+
+    overrides = parse_overrides(list(args.set))
+    for key in ("micro_batch_size", "checkpoint_every"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    return with_overrides(get_recipe(args.recipe), overrides, "command line") if overrides else get_recipe(args.recipe)
 
 
 class Trainer:
@@ -206,11 +220,16 @@ class Trainer:
         self.kafka_config = skafka.config_from_env()
         self.group_id = args.group_id or consumer_group(self.manifest.topic)
         self.eos_id, self.pad_id = special_ids(self.manifest)
-        model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id, self.pad_id)
+        if args.init_from:
+            model = lineage.load_model(args.init_from, self.manifest.seq_len, self.manifest.vocab_size)
+        else:
+            model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id,
+                                self.pad_id)
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
+        scheduled = not (args.lr_schedule == "constant" and lineage.is_night(args.init_from))
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config(self.recipe, math.ceil(self.manifest.sequences / global_batch)))
+            config=ds_config(self.recipe, math.ceil(self.manifest.sequences / global_batch), scheduled))
         self.source = KafkaTokenSource(kafka_config=self.kafka_config, manifest=self.manifest, rank=self.rank,
                                        world=self.world, batch_size=self.recipe.micro_batch_size,
                                        group_id=self.group_id)
@@ -226,7 +245,9 @@ class Trainer:
                  self.source.partitions, self.source.remaining(), self.progress.step)
 
     def _resume(self) -> None:
-        if not checkpoint.has_checkpoint(self.files.checkpoints):
+        if not checkpoint.has_checkpoint(self.files.checkpoints):  # this night's first launch
+            if self.args.optimizer == "carry":
+                lineage.carry_optimizer(self.engine, self.args.init_from, self.recipe)
             return
         client = checkpoint.load(self.engine, self.files.checkpoints, expect_manifest=self.progress.publication)
         self.source.load_state_dict(client["data"])
@@ -352,7 +373,7 @@ class Trainer:
                    "last_loss": p.last_loss, "data_wait_fraction": float(waits[0]) / self.world / max(elapsed, 1e-9),
                    "checkpoint": str(f.checkpoints), "next_offsets": self.data_state["next_offsets"],
                    "world_size": self.world, "ranks": per_rank, "group_id": self.group_id, "topic": self.manifest.topic,
-                   "recipe": self.recipe.name}
+                   "recipe": self.recipe.name, "init_from": self.args.init_from}
         if self.rank == 0:
             summary["export"] = str(export(self.engine.module, self.manifest, f))
             rows = read_metrics(f.metrics)

@@ -15,6 +15,8 @@ import shlex
 import shutil
 import socket
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stoker import paths
@@ -30,6 +32,43 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(kw_only=True, slots=True)
+class Placement:
+    """Where the ranks run: ``nodes`` hosts (none: this machine), ``world_size`` ranks in all."""
+
+    world_size: int
+    launcher: str = "torchrun"
+    nodes: list[str] = field(default_factory=list)
+    node_shell: str = "ssh {host}"
+    """How a command reaches another node (it runs there in the project folder, with the same paths)."""
+
+    def remote(self, host: str, cmd: list[str]) -> list[str]:
+        here = f"cd {shlex.quote(str(paths.project_root()))} && {REMOTE_ENV} {shlex.join(cmd)}"
+        return [*shlex.split(self.node_shell.format(host=host)), here]
+
+
+REMOTE_ENV = "env HF_HUB_OFFLINE=1"
+"""Set on another node's launcher (the Kafka client config reaches it as a 0600 file: ``--secrets-file``)."""
+
+
+def supervise(cmds: list[list[str]], rc_file: Path) -> str:
+    """A bash script that runs the launchers, stops the others when one fails, and writes the first
+    non-zero exit code (else 0) to ``rc_file``."""
+    rc = shlex.quote(str(rc_file))
+    if len(cmds) == 1:
+        return f"{shlex.join(cmds[0])}; echo $? > {rc}"
+    start = " ".join(f"{shlex.join(c)} & pids+=($!);" for c in cmds)
+    return (f"pids=(); {start} rc=0; "
+            "while [ ${#pids[@]} -gt 0 ]; do "
+            "for i in ${!pids[@]}; do p=${pids[$i]}; kill -0 $p 2>/dev/null && continue; "
+            "wait $p; r=$?; unset 'pids[i]'; "
+            "if [ $r -ne 0 ] && [ $rc -eq 0 ]; then rc=$r; kill ${pids[@]} 2>/dev/null; fi; done; "
+            f"[ ${{#pids[@]}} -gt 0 ] && sleep 0.5; done; echo $rc > {rc}")
 
 
 class TrainerLauncher:
@@ -60,6 +99,7 @@ class TrainerLauncher:
 
     def command(self, manifest_path: str, recipe: str, world_size: int, launcher: str,
                 extra: list[str]) -> list[str]:
+        """One node: ``torchrun --nproc_per_node W`` or ``deepspeed --num_gpus W``."""
         args = ["--manifest", manifest_path, "--out", str(self.files.folder), "--recipe", recipe, *extra]
         if launcher == "deepspeed":
             return [str(paths.venv_bin("deepspeed")), "--num_gpus", str(world_size),
@@ -67,20 +107,41 @@ class TrainerLauncher:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size),
                 "--master_port", str(_free_port()), "-m", TRAIN_MODULE, *args]
 
-    def start(self, manifest: Manifest, cmd: list[str], env: dict[str, str], world_size: int) -> int:
+    def commands(self, manifest_path: str, recipe: str, placement: Placement, extra: list[str]) -> list[list[str]]:
+        """One command per launcher process. Several nodes: ``deepspeed --hostfile`` (one launcher that
+        reaches the others itself, over pdsh/ssh), or one ``torchrun`` per node joining a c10d rendezvous
+        on the first node (run there through ``placement.node_shell`` unless the node is this machine)."""
+        if len(placement.nodes) <= 1:
+            return [self.command(manifest_path, recipe, placement.world_size, placement.launcher, extra)]
+        args = ["--manifest", manifest_path, "--out", str(self.files.folder), "--recipe", recipe, *extra]
+        per_node = placement.world_size // len(placement.nodes)
+        if placement.launcher == "deepspeed":
+            hostfile = self.files.folder / "hostfile"
+            hostfile.parent.mkdir(parents=True, exist_ok=True)
+            hostfile.write_text("".join(f"{h} slots={per_node}\n" for h in placement.nodes))
+            return [[str(paths.venv_bin("deepspeed")), "--hostfile", str(hostfile), "--master_addr",
+                     placement.nodes[0], "--master_port", str(_free_port()), "--module", TRAIN_MODULE, *args]]
+        endpoint = f"{placement.nodes[0]}:{_free_port()}"
+        run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(placement.nodes)),
+               "--nproc_per_node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+               "--rdzv-id", self.files.folder.name, "-m", TRAIN_MODULE, *args]
+        return [run if host in LOCAL_HOSTS else placement.remote(host, run) for host in placement.nodes]
+
+    def start(self, manifest: Manifest, cmd: list[str] | list[list[str]], env: dict[str, str],
+              world_size: int) -> int:
         f = self.files
         f.folder.mkdir(parents=True, exist_ok=True)
         f.publication.write_text(manifest.publication + "\n")
         f.rc.unlink(missing_ok=True)
+        cmds: list[list[str]] = cmd if cmd and isinstance(cmd[0], list) else [cmd]  # type: ignore[list-item]
         threads = max(1, (os.cpu_count() or 1) // world_size)
         full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
                     "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
                                                            str(paths.cache_dir() / "torch-extensions")),
                     **env}
-        # the shell records the launcher's exit code; it runs in a session of its own (the process
-        # record's group), so stopping it stops the launcher and every rank
-        shell = f"{shlex.join(cmd)}; echo $? > {shlex.quote(str(f.rc))}"
-        proc = f.process.spawn(["/bin/sh", "-c", shell, str(f.folder)], log=f.log, env=full_env,
+        # the shell records the launchers' exit code; it runs in a session of its own (the process
+        # record's group), so stopping it stops every launcher and every rank
+        proc = f.process.spawn(["/bin/bash", "-c", supervise(cmds, f.rc), str(f.folder)], log=f.log, env=full_env,
                                cwd=paths.project_root())
         return proc.pid
 

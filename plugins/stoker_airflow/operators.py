@@ -13,6 +13,8 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from stoker import paths
 from stoker_airflow.hooks import StokerKafkaHook
+from stoker_airflow.launcher import LOCAL_HOSTS, Placement
+from stoker_airflow.lines import LineSettings, check_before_publish, fixed_parent, join_line, trainer_args
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -79,6 +81,7 @@ class TokenizePublishOperator(SparkSubmitOperator):
         from stoker.layout import RunLayout, run_topic
 
         cfg = load_corpus(self.corpus_path)
+        check_before_publish(cfg, self.ds)  # the model line's decision and the tokenizer, before Spark runs
         self.conf = {**(self.conf or {}), **cfg.publish.spark_conf}
         run = RunLayout.of(self.corpus, self.ds)
         topic = run_topic(self.corpus, self.ds, context["ti"].try_number)
@@ -222,7 +225,8 @@ class DeepSpeedTrainOperator(BaseOperator):
     def __init__(self, *, manifest_path: str, recipe: str = "debug_cpu", world_size: int = 1,
                  launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
                  extra_args: list[str] | None = None, poll_interval: float = 5.0, timeout_s: float = 24 * 3600,
-                 log_keys: bool = False, **kwargs: Any) -> None:
+                 log_keys: bool = False, line: dict[str, str] | None = None, nodes: list[str] | None = None,
+                 node_shell: str = "ssh {host}", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if world_size < 1:
             raise ValueError(f"world_size = {world_size}: must be >= 1")
@@ -237,6 +241,12 @@ class DeepSpeedTrainOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.timeout_s = timeout_s
         self.log_keys = log_keys
+        self.line = dict(line) if line else None
+        self.nodes = list(nodes or [])
+        self.node_shell = node_shell
+        if self.nodes and world_size % len(self.nodes):
+            raise ValueError(f"world_size = {world_size}: must be a multiple of the {len(self.nodes)} nodes")
+        """The model line (``LineSettings``) the night continues; None: a model of its own."""
 
     def _launcher(self, m: Any) -> Any:
         from stoker.layout import RunLayout
@@ -265,10 +275,22 @@ class DeepSpeedTrainOperator(BaseOperator):
         else:
             config = StokerKafkaHook(self.kafka_config_id).subprocess_config()
             extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if self.log_keys else [])]
-            cmd = launcher.command(self.manifest_path, self.recipe, self.world_size, self.launcher, extra)
-            pid = launcher.start(m, cmd, {"STOKER_KAFKA_CONFIG": json.dumps(config)}, self.world_size)
+            if self.line:
+                settings = LineSettings(**self.line)
+                parent = fixed_parent(settings, launcher.files, m.ds)
+                self.log.info("night %s of line %s starts from %s", m.ds, settings.line, parent.describe())
+                extra += trainer_args(settings, parent)
+            env = {"STOKER_KAFKA_CONFIG": json.dumps(config)}
+            if any(h not in LOCAL_HOSTS for h in self.nodes):  # ssh passes no environment: a 0600 file
+                launcher.files.folder.mkdir(parents=True, exist_ok=True)
+                paths.write_private(launcher.files.secrets, json.dumps(env))
+                extra += ["--secrets-file", str(launcher.files.secrets)]
+            placement = Placement(world_size=self.world_size, launcher=self.launcher, nodes=self.nodes,
+                                  node_shell=self.node_shell)
+            cmd = launcher.commands(self.manifest_path, self.recipe, placement, extra)
+            pid = launcher.start(m, cmd, env, self.world_size)
             self.log.info("trainer started (pid %d, %d ranks, try %d): %s; log %s", pid, self.world_size,
-                          context["ti"].try_number, " ".join(cmd), launcher.files.log)
+                          context["ti"].try_number, " & ".join(" ".join(c) for c in cmd), launcher.files.log)
         self.defer(trigger=lag_trigger(m, consumer_group(m.topic), self.kafka_config_id, self.poll_interval,
                                        time.time() + self.timeout_s, rc_file=str(launcher.files.rc)),
                    method_name="execute_complete")
@@ -282,8 +304,10 @@ class DeepSpeedTrainOperator(BaseOperator):
 
         m = read_manifest(self.manifest_path)
         launcher = self._launcher(m)
+        launcher.files.secrets.unlink(missing_ok=True)
         if event["status"] == "caught_up":
-            return {**launcher.describe(m.topic), "consumed": True}
+            night = join_line(LineSettings(**self.line), m, launcher.files) if self.line else None
+            return {**launcher.describe(m.topic), "consumed": True, "line_night": str(night.folder) if night else None}
         why = lag_failure(event, m, consumer_group(m.topic), launcher.files, self.timeout_s)
         if event["status"] != "trainer_failed":
             raise AirflowFailException(why)  # a relaunch cannot help: timeout, retention, stopped early

@@ -150,8 +150,9 @@ def _refresh(args: argparse.Namespace) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         subprocess.run([*airflow, "db", "migrate"], env=env, check=True, stdout=out, stderr=subprocess.STDOUT)
-        subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", "retire-legacy-assets"], env=env,
-                       check=True, stdout=out, stderr=subprocess.STDOUT)
+        for step in ("retire-legacy-assets", "sync-line-pools"):
+            subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", step], env=env, check=True,
+                           stdout=out, stderr=subprocess.STDOUT)
     cmd = [*airflow, "dags", "test", f"refresh_{args.corpus}", ds]
     if args.verbose:
         rc = subprocess.run(cmd, env=env).returncode

@@ -315,6 +315,11 @@ def up(s: LocalStack | None = None, timeout: float = 240.0, log: Any = print) ->
         if res.returncode != 0:
             raise StackError(f"airflow db migrate failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
         log("airflow     metadata database migrated")
+    res = subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", "sync-line-pools"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise StackError(f"creating the model lines' pools failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+    log(f"airflow     {res.stdout.strip()}")
     for c in AIRFLOW_COMPONENTS:
         if c in missing:
             _spawn(s, c, _airflow_cmd(c, s), env)

@@ -20,13 +20,14 @@ import pytest
 from fault_tools import assert_exactly_once  # tests/faults/fault_tools.py
 
 from stoker import kafka as skafka
-from stoker.layout import RunLayout, TrainerFiles, consumer_group
+from stoker.layout import LineLayout, RunLayout, TrainerFiles, consumer_group
 from stoker.manifest import read_manifest
 from training.metrics import read_log, trained_keys
 
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]
 DS = "2026-12-07"
+NIGHT_ONE = "2026-12-06"
 KILL_AT_STEP = 56  # past the checkpoint at step 50 (debug_cpu), long before the end (~137 steps)
 
 DAG_TEST = """
@@ -89,10 +90,34 @@ def corpora(tmp_path) -> Path:
     return folder
 
 
+def m_world(files: TrainerFiles) -> int:
+    return int(json.loads(files.summary.read_text())["world_size"])
+
+
+def _night_one(kafka_config: dict, sample_corpus: dict, tmp_path: Path) -> str:
+    """Night 1 of the `trainkill` line (the day before), trained as the train task trains it."""
+    from trainer_tools import launch_trainer, publish_text_run, wait_trainer
+
+    from stoker.local.sample import texts
+    from stoker_airflow.lines import LineSettings, fixed_parent, join_line, trainer_args
+
+    settings = LineSettings(line="trainkill")
+    shutil.rmtree(settings.layout.folder, ignore_errors=True)
+    run = RunLayout(tmp_path / "night1")
+    m = publish_text_run(kafka_config, sample_corpus["tokenizer"], list(texts(sample_corpus["data"]))[:200],
+                         run.run_dir, ds=NIGHT_ONE, seq_len=256, max_sequences=60, corpus="trainkill")
+    files = run.trainer(m.topic)
+    parent = fixed_parent(settings, files, NIGHT_ONE)
+    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
+                 files.folder)
+    return str(join_line(settings, m, files).folder)
+
+
 def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_once(
-        corpora, kafka_config, sample_corpus, airflow_db):
+        corpora, kafka_config, sample_corpus, airflow_db, tmp_path):
     run = RunLayout.of("trainkill", DS)
     shutil.rmtree(run.run_dir, ignore_errors=True)  # an earlier test run's trainer is not this one's
+    night_one = _night_one(kafka_config, sample_corpus, tmp_path)
     killer = _Killer(run)
     env = {**os.environ, "STOKER_CORPORA": str(corpora)}
     out = subprocess.run([sys.executable, "-c", DAG_TEST], cwd=REPO, env=env, capture_output=True, text=True,
@@ -117,3 +142,9 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     assert restarts == [51], restarts
     ends = skafka.committed_offsets(kafka_config, consumer_group(m.topic), m.topic, m.end_offsets())
     assert skafka.compute_lag(m.end_offsets(), ends).lag == 0
+    # night 2 of the line, both lives: started from night 1's model, and joined the line only once done
+    assert json.loads(files.parent.read_text())["path"] == night_one
+    assert files.log.read_text().count(f"weights from {night_one}/hf") == 2 * m_world(files)  # every rank, twice
+    night = LineLayout.of("trainkill").night(DS)
+    lineage = json.loads(night.record.read_text())["lineage"]
+    assert [e.get("ds") for e in lineage] == [None, NIGHT_ONE, DS] and lineage[-1]["topic"] == m.topic

@@ -308,6 +308,7 @@ def test_cli_backfill_three_nights_then_rerun_one(local_stack: StackEnv):
         assert r["manifest"].source_uri.endswith(f"/data/nightly/{ds}")
     assert len({seq for r in before.values() for seq in r["sequences"]}) == sum(
         len(r["sequences"]) for r in before.values())
+    _check_line(s, nights, topics)
 
     # re-run the middle night: its data is replaced by an identical copy, the other nights untouched
     again = nights[1]
@@ -322,6 +323,8 @@ def test_cli_backfill_three_nights_then_rerun_one(local_stack: StackEnv):
         assert time.monotonic() < deadline, f"re-run of {again} still {state}"
         time.sleep(3)
     after = _check_run(s, "nightly", again)
+    rerun = json.loads((s.home / "lines" / "nightly" / "nights" / again / "night.json").read_text())
+    assert rerun["parent"]["ds"] == nights[0] and rerun["topic"] == after["manifest"].topic  # from its parent again
     assert after["manifest"].topic != topics[again]  # a new attempt-scoped topic...
     assert after["sequences"] == before[again]["sequences"]  # ...holding exactly the same sequences
     assert topics[again] not in skafka.list_topics(_kafka(s))  # the replaced attempt's topic is gone
@@ -329,6 +332,19 @@ def test_cli_backfill_three_nights_then_rerun_one(local_stack: StackEnv):
         if ds != again:
             assert (s.home / "runs" / "nightly" / ds / "manifest.json").read_bytes() == before[ds]["manifest_bytes"]
             assert _sequences(s, topics[ds]) == before[ds]["sequences"]
+
+
+def _check_line(s: StackEnv, nights: list[str], topics: dict[str, str]) -> None:
+    """The three nights form one model line: each continued the one before it (its first loss within 10%
+    of the previous night's last), and the last one's model card lists all three."""
+    folder = s.home / "lines" / "nightly" / "nights"
+    recs = [json.loads((folder / ds / "night.json").read_text()) for ds in nights]
+    assert [r["parent"].get("ds", "") for r in recs] == ["", nights[0], nights[1]]
+    for prev, cur in zip(recs, recs[1:], strict=False):
+        assert abs(cur["first_loss"] - prev["last_loss"]) <= 0.10 * prev["last_loss"], (prev, cur)
+    card = (folder / nights[2] / "hf" / "README.md").read_text()
+    assert all(f"| {ds} | nightly | `{topics[ds]}` |" in card for ds in nights), card
+    assert "3 night(s)" in card
 
 
 def test_a_run_triggered_without_a_logical_date(local_stack: StackEnv):

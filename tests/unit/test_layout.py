@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -121,3 +122,27 @@ def test_the_launcher_runs_the_trainer_as_a_module():
     assert cmd[cmd.index("-m", 3) + 1] == "training.train" and "--nproc_per_node" in cmd
     ds = TrainerLauncher(TrainerFiles(Path("/t"))).command("/r/manifest.json", "debug_cpu", 2, "deepspeed", [])
     assert ds[ds.index("--module") + 1] == "training.train"
+
+
+def test_several_nodes_get_a_launcher_each_joining_one_rendezvous(tmp_path):
+    from stoker_airflow.launcher import Placement, supervise
+
+    launcher = TrainerLauncher(TrainerFiles(tmp_path / "t"))
+    cmds = launcher.commands("/r/manifest.json", "debug_cpu",
+                             Placement(world_size=4, nodes=["127.0.0.1", "gpu2"], node_shell="ssh -p 22 {host}"), [])
+    local, remote = cmds
+    assert local[local.index("--nnodes") + 1] == "2" and local[local.index("--nproc_per_node") + 1] == "2"
+    assert local[local.index("--rdzv-endpoint") + 1].startswith("127.0.0.1:") and "c10d" in local
+    assert remote[:4] == ["ssh", "-p", "22", "gpu2"] and "torch.distributed.run" in remote[4]
+    assert local[local.index("--rdzv-endpoint") + 1] in remote[4]  # both nodes meet at the same place
+    ds = launcher.commands("/r/manifest.json", "debug_cpu",
+                           Placement(world_size=4, nodes=["a", "b"], launcher="deepspeed"), [])
+    assert len(ds) == 1 and (tmp_path / "t" / "hostfile").read_text() == "a slots=2\nb slots=2\n"
+    # one launcher that fails stops the others, and its exit code is the task's
+    rc = tmp_path / "rc"
+    script = supervise([["sleep", "30"], ["sh", "-c", "exit 3"]], rc)
+    started = time.monotonic()
+    subprocess.run(["/bin/bash", "-c", script], check=True, timeout=20)
+    assert rc.read_text().strip() == "3" and time.monotonic() - started < 10
+    subprocess.run(["/bin/bash", "-c", supervise([["true"], ["true"]], rc)], check=True, timeout=20)
+    assert rc.read_text().strip() == "0"

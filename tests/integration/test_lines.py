@@ -1,0 +1,149 @@
+"""Model lines on the real broker and DeepSpeed: a night continues the line's previous night (its
+weights and optimizer), joins the line only when it finished, and a line can start from a local
+Hugging Face folder (a DeepSeek-V3 the test pre-trains and saves itself, and a Llama).
+
+The pieces are the train operator's own (``stoker_airflow.lines``): the parent fixed at the first
+launch, the trainer's arguments, the promotion of a finished night."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from trainer_tools import launch_logs, launch_trainer, publish_text_run, wait_trainer
+
+from stoker import kafka as skafka
+from stoker.exceptions import StokerError
+from stoker.layout import LineLayout, RunLayout
+from stoker.lines import head, plan, read_night
+from stoker.local.sample import texts
+from stoker_airflow.lines import LineSettings, fixed_parent, join_line, trainer_args
+
+pytestmark = pytest.mark.integration
+SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def docs(sample_corpus) -> list[str]:
+    return list(texts(sample_corpus["data"]))
+
+
+def _night(kafka_config, sample_corpus, docs, tmp_path: Path, settings: LineSettings, ds: str, part: int,
+           topics: list[str]) -> dict:
+    """Publish a night of real text, train it as the train task does, join it to the line."""
+    run = RunLayout(tmp_path / ds)
+    m = publish_text_run(kafka_config, sample_corpus["tokenizer"], docs[part * 150:(part + 1) * 150], run.run_dir,
+                         ds=ds, seq_len=SEQ_LEN)
+    topics.append(m.topic)
+    files = run.trainer(m.topic)
+    parent = fixed_parent(settings, files, ds)
+    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
+                 files.folder)
+    join_line(settings, m, files)
+    summary = json.loads(files.summary.read_text())
+    return {"parent": parent, "summary": summary, "log": launch_logs(files.folder), "manifest": m}
+
+
+def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_config, sample_corpus, docs,
+                                                                          tmp_path):
+    settings = LineSettings(line=f"it_{time.time_ns()}")
+    line = LineLayout.of(settings.line)
+    topics: list[str] = []
+    try:
+        one = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-01", 0, topics)
+        assert one["parent"].kind == "random" and one["summary"]["first_loss"] > 8.5  # ln(8192) = 9.01
+        assert head(line)["ds"] == "2026-11-01"
+        two = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-02", 1, topics)
+        assert (two["parent"].kind, two["parent"].ds) == ("night", "2026-11-01")
+        # it continued: night 2 starts where night 1 ended (unseen text of the same kind), not from 9.0
+        last = one["summary"]["last_loss"]
+        assert abs(two["summary"]["first_loss"] - last) <= 0.10 * last, (two["summary"]["first_loss"], last)
+        assert "optimizer state carried from" in two["log"]
+        top = head(line)
+        assert top["ds"] == "2026-11-02" and [e.get("ds") for e in top["lineage"]] == [None, "2026-11-01",
+                                                                                        "2026-11-02"]
+        card = line.night("2026-11-02").card.read_text()
+        assert f"`{topics[0]}`" in card and f"`{topics[1]}`" in card and "2 night(s)" in card
+        # the line's own copy of night 2 loads offline as a model
+        from transformers import AutoModelForCausalLM
+
+        assert AutoModelForCausalLM.from_pretrained(str(line.night("2026-11-02").model), local_files_only=True)
+
+        # a re-run of night 2 starts from night 1 again, never from its own (half-)trained state
+        assert plan(line, "2026-11-02", "random", "branch").ds == "2026-11-01"
+        # a backfill older than the head: a branch from what precedes it, or refused when told to
+        older = plan(line, "2026-10-15", "random", "branch")
+        assert (older.kind, older.role) == ("random", "branch")
+        with pytest.raises(StokerError, match="older than line .*head, night 2026-11-02"):
+            plan(line, "2026-10-15", "random", "refuse")
+        # a night that did not finish never joined: only the two trained nights are in the line
+        assert [n.folder.name for n in line.nights()] == ["2026-11-01", "2026-11-02"]
+        assert read_night(line.night("2026-11-01"))["parent"]["kind"] == "random"
+    finally:
+        skafka.delete_topics(kafka_config, topics)
+
+
+def _pretrain_deepseek(tokenizer: Path, docs: list[str], out: Path) -> float:
+    """A small DeepSeek-V3, pre-trained for a few plain-torch steps and saved with save_pretrained; its
+    last training loss."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from training.model import build_model
+    from training.recipes import debug_cpu
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    eos, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>")
+    ids = [i for e in tok.encode_batch(docs, add_special_tokens=False) for i in [*e.ids, eos]]
+    model = build_model(debug_cpu(), tok.get_vocab_size(), SEQ_LEN, eos, pad)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    data = torch.tensor(ids[: (len(ids) // (SEQ_LEN + 1)) * (SEQ_LEN + 1)]).view(-1, SEQ_LEN + 1)
+    loss = torch.tensor(0.0)
+    for step in range(40):
+        batch = data[(step * 8) % (len(data) - 8):][:8]
+        out_ = model(input_ids=batch[:, :-1], labels=batch[:, :-1].clone(), use_cache=False)
+        loss = out_.loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(str(out))
+    return float(loss)
+
+
+def test_a_line_starts_from_a_local_hugging_face_folder_and_continues(kafka_config, sample_corpus, docs, tmp_path):
+    start = tmp_path / "pretrained-deepseek"
+    pretrained_loss = _pretrain_deepseek(sample_corpus["tokenizer"], docs[1000:1400], start)
+    settings = LineSettings(line=f"it_hf_{time.time_ns()}", init=str(start))
+    topics: list[str] = []
+    try:
+        one = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-01", 2, topics)
+        assert (one["parent"].kind, one["parent"].path) == ("hf", str(start))
+        first = one["summary"]["first_loss"]
+        assert first < 8.0 and abs(first - pretrained_loss) <= 0.15 * pretrained_loss, (first, pretrained_loss)
+        assert "optimizer state carried" not in one["log"]  # an HF folder has none: fresh, as documented
+        card = LineLayout.of(settings.line).night("2026-11-01").card.read_text()
+        assert str(start) in card
+    finally:
+        skafka.delete_topics(kafka_config, topics)
+
+
+def test_a_line_starts_from_a_llama_folder(kafka_config, sample_corpus, docs, tmp_path):
+    """Other causal LMs load the same way (no expert balancing: they have no routers)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    start = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                 eos_token_id=None, pad_token_id=None, bos_token_id=None)).save_pretrained(str(start))
+    settings = LineSettings(line=f"it_llama_{time.time_ns()}", init=str(start))
+    topics: list[str] = []
+    try:
+        one = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-01", 3, topics)
+        s = one["summary"]
+        assert s["sequences_consumed"] == one["manifest"].sequences and s["last_loss"] < s["first_loss"]
+        saved = json.loads((LineLayout.of(settings.line).night("2026-11-01").model / "config.json").read_text())
+        assert saved["architectures"] == ["LlamaForCausalLM"]
+    finally:
+        skafka.delete_topics(kafka_config, topics)

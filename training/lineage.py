@@ -1,0 +1,75 @@
+"""Where a night's model comes from (``stoker.lines``): random weights in the recipe's shape, a local
+Hugging Face folder, or the parent night of its line (its HF export for the weights, its DeepSpeed
+checkpoint for the optimizer state when ``--optimizer carry``).
+
+Policies across nights (the corpus's ``train.optimizer`` and ``train.lr_schedule``):
+
+* ``carry`` restores the parent night's AdamW moments; where DeepSpeed cannot load them (another
+  ZeRO world size, or a start from an HF folder, which has none) the optimizer starts fresh, logged.
+* ``rewarm`` gives every night a fresh warm-up and cosine decay over its own steps; ``constant``
+  warms up on the line's first night only and holds the peak LR from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from stoker.layout import NightFiles
+from training.recipes import TrainRecipe
+
+log = logging.getLogger("stoker.train.lineage")
+
+
+def is_night(init_from: str | None) -> bool:
+    return bool(init_from) and NightFiles(Path(str(init_from))).record.is_file()
+
+
+def model_folder(init_from: str) -> Path:
+    return NightFiles(Path(init_from)).model if is_night(init_from) else Path(init_from)
+
+
+def load_model(init_from: str, seq_len: int, vocab_size: int) -> Any:
+    """The parent's weights, offline, in fp32 (DeepSpeed casts for bf16 itself)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = model_folder(init_from)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
+    cfg = model.config
+    if int(cfg.vocab_size) < vocab_size:
+        raise ValueError(f"{folder}: the model has {cfg.vocab_size} embeddings but the run's tokenizer has "
+                         f"{vocab_size} ids: train it with the model's own tokenizer")
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and seq_len > int(limit):
+        log.warning("%s: seq_len %d is beyond the model's max_position_embeddings %d", folder, seq_len, limit)
+    cfg.use_cache = False
+    log.info("weights from %s (%s, %.1fM parameters)", folder, type(model).__name__,
+             sum(p.numel() for p in model.parameters()) / 1e6)
+    return model
+
+
+def carry_optimizer(engine: Any, init_from: str | None, recipe: TrainRecipe) -> bool:
+    """Restore the parent night's optimizer state into a fresh engine; whether it could."""
+    if not is_night(init_from):
+        return False
+    ckpt = NightFiles(Path(str(init_from))).checkpoint
+    try:
+        path, _ = engine.load_checkpoint(str(ckpt), load_optimizer_states=True, load_lr_scheduler_states=False,
+                                         load_module_strict=True)
+    except Exception as e:  # noqa: BLE001 - a ZeRO-partitioned state saved at another world size
+        log.warning("the parent's optimizer state could not be restored (%s): it starts fresh", e)
+        return False
+    if path is None:
+        log.warning("no checkpoint in %s: the optimizer starts fresh", ckpt)
+        return False
+    engine.global_steps = engine.global_samples = engine.skipped_steps = 0  # this night's own counters
+    sched = engine.lr_scheduler
+    if sched is not None:  # the loaded param groups carry the parent's last LR: this night's schedule wins
+        sched.step(sched.last_batch_iteration)
+    else:
+        for group in engine.optimizer.param_groups:
+            group["lr"] = recipe.lr
+    log.info("optimizer state carried from %s", path)
+    return True
