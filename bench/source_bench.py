@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=5, help="reads of each; the best time of each counts")
     args = ap.parse_args()
     config = stack.up().client_config()
     data = np.random.default_rng(0).integers(0, 8192, (args.sequences, args.seq_len + 1), dtype=np.uint16)
@@ -96,11 +97,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "seqs.npy"
         np.save(path, data)
-        n_mm, t_mm = read_memmap(path, args.batch, args.seq_len)
-        n_kf, t_kf = read_kafka(config, m, args.batch)
+        runs = [(read_memmap(path, args.batch, args.seq_len), read_kafka(config, m, args.batch))
+                for _ in range(args.repeat)]  # interleaved, best of each: the machine's noise hits both
+        (n_mm, t_mm), (n_kf, t_kf) = min((r[0] for r in runs), key=lambda x: x[1]), min(
+            (r[1] for r in runs), key=lambda x: x[1])
     assert n_mm == n_kf == args.sequences * args.seq_len, (n_mm, n_kf)
     print(f"{args.sequences} sequences x {args.seq_len + 1} uint16, batches of {args.batch}, "
-          f"{args.partitions} partitions (zstd)")
+          f"{args.partitions} partitions (zstd), best of {args.repeat}")
     print(f"numpy memmap reader  : {n_mm / t_mm:14,.0f} tokens/s  ({t_mm:.2f} s)")
     print(f"KafkaTokenSource     : {n_kf / t_kf:14,.0f} tokens/s  ({t_kf:.2f} s)")
     print(f"ratio kafka / memmap : {t_mm / t_kf:.2f}x")

@@ -24,6 +24,7 @@ import numpy as np
 from stoker.exceptions import RecordError
 
 SCHEMA_VERSION = 1
+_SCHEMA_BYTES = str(SCHEMA_VERSION).encode()
 H_SCHEMA = "stoker.schema"
 H_RUN = "stoker.run"
 H_DTYPE = "stoker.dtype"
@@ -31,6 +32,9 @@ H_DOCS = "stoker.docs"
 H_VALID = "stoker.valid"
 
 DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+
+
+_DTYPES_BY_HEADER = {k.encode(): (k, v) for k, v in DTYPES.items()}
 
 
 def dtype_for_vocab(vocab_size: int) -> str:
@@ -101,12 +105,12 @@ def decode(value: bytes, headers: Iterable[tuple[str, bytes]] | None, seq_len: i
     """Decode one message; ``seq_len`` (when given) is checked against the value's length."""
     h = dict(headers or ())
     schema = h.get(H_SCHEMA)
-    if schema != str(SCHEMA_VERSION).encode():
+    if schema != _SCHEMA_BYTES:
         raise RecordError(f"header {H_SCHEMA} = {schema!r}: this reader understands schema {SCHEMA_VERSION}")
-    dtype = h.get(H_DTYPE, b"").decode()
-    np_dtype = DTYPES.get(dtype)
+    dtype, np_dtype = _DTYPES_BY_HEADER.get(h.get(H_DTYPE, b""), ("", None))  # the hot path: no decoding
     if np_dtype is None:
-        raise RecordError(f"header {H_DTYPE} = {dtype!r}: must be one of {sorted(DTYPES)}")
+        raise RecordError(f"header {H_DTYPE} = {h.get(H_DTYPE, b'').decode(errors='replace')!r}: must be one of "
+                          f"{sorted(DTYPES)}")
     if len(value) % np_dtype.itemsize:
         raise RecordError(f"value of {len(value)} bytes is not a whole number of {dtype} ids")
     tokens = np.frombuffer(value, dtype=np_dtype)

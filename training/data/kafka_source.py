@@ -27,8 +27,10 @@ from training.data.batch import Batch, make_batch
 
 log = logging.getLogger("stoker.train.source")
 
-BUFFER_CAP = 2048
-"""Records buffered per partition before its fetching pauses (the order rule may wait on another)."""
+BUFFER_BYTES = 64 << 20
+"""Record bytes buffered per partition before its fetching pauses (the order rule may be waiting on
+another partition). Generous on purpose: a paused partition's resume costs a fetch round trip, and a
+cap below one fetch response (``max.partition.fetch.bytes``) halved the source's speed."""
 
 
 @dataclass(slots=True)
@@ -57,6 +59,7 @@ class KafkaTokenSource:
         self.end = {p.partition: p.end_offset for p in manifest.partitions}
         self.offsets = {p.partition: p.start_offset for p in manifest.partitions}
         self.start = dict(self.offsets)
+        self.buffer_cap = max(2048, BUFFER_BYTES // ((manifest.seq_len + 1) * records.DTYPES[manifest.dtype].itemsize))
         self.partitions = assign(list(self.end), rank, world)
         self._consumer: Any = None
         self._pos: dict[int, int] = {}
@@ -130,7 +133,7 @@ class KafkaTokenSource:
                     self._live.discard(p)
                 else:
                     self._buf[p].append(msg)
-                    if len(self._buf[p]) >= BUFFER_CAP and p not in self._paused:
+                    if len(self._buf[p]) >= self.buffer_cap and p not in self._paused:
                         self._consumer.pause([TopicPartition(self.manifest.topic, p)])
                         self._paused.add(p)
 
@@ -138,7 +141,7 @@ class KafkaTokenSource:
         """Fetch until partition ``p`` has a record buffered or is at its end (buffering the others')."""
         from confluent_kafka import TopicPartition
 
-        if p in self._paused and len(self._buf[p]) < BUFFER_CAP // 2:
+        if p in self._paused and len(self._buf[p]) < self.buffer_cap // 2:
             self._consumer.resume([TopicPartition(self.manifest.topic, p)])
             self._paused.discard(p)
         last_progress = time.monotonic()
@@ -169,19 +172,21 @@ class KafkaTokenSource:
         seqs: list[Any] = []
         keys: list[bytes] = []
         t0 = time.perf_counter()
-        order, buf, pos, seq_len = self._order, self._buf, self._pos, self.manifest.seq_len
+        order, buf, pos, start, seq_len = self._order, self._buf, self._pos, self.start, self.manifest.seq_len
+        decode, replace = records.decode, heapq.heapreplace
         while len(seqs) < self.batch_size and order:
-            _, p = heapq.heappop(order)  # the unfinished partition that advanced least (ties: the lower one)
+            p = order[0][1]  # the unfinished partition that advanced least (ties: the lower one)
             if not buf[p]:
                 self._fill(p)
                 if not buf[p]:
                     pos[p] = self.end[p]  # at its end: it leaves the order
+                    heapq.heappop(order)
                     continue
             msg = buf[p].popleft()
-            seqs.append(records.decode(msg.value(), msg.headers(), seq_len=seq_len))
+            seqs.append(decode(msg.value(), msg.headers(), seq_len))
             keys.append(msg.key())
-            pos[p] = msg.offset() + 1
-            heapq.heappush(order, (pos[p] - self.start[p], p))
+            pos[p] = at = msg.offset() + 1
+            replace(order, (at - start[p], p))
         for q in self.partitions:
             if q not in self._live and not self._buf[q]:
                 self._pos[q] = self.end[q]
