@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import LineLayout, NightFiles, TrainerFiles
-from stoker.lines import Parent, check_agreement, night_record, plan, promote, tokenizer_facts
+from stoker.lines import Parent, check_agreement, model_card, night_record, plan, promote, tokenizer_facts
 
 log = logging.getLogger("stoker.lines")
 
@@ -89,7 +89,9 @@ def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles) -> Nig
     parent = Parent.from_dict(json.loads(files.parent.read_text()))
     summary = json.loads(files.summary.read_text())
     night = night_record(manifest, summary, parent)
-    done = promote(settings.layout, night, files.checkpoints, Path(summary.get("export") or files.export))
+    export = Path(summary.get("export") or files.export)
+    (export / "README.md").write_text(model_card(night))  # the run's own export carries the card too
+    done = promote(settings.layout, night, files.checkpoints, export)
     log.info("night %s joined line %s as its %s (parent: %s); model card %s", manifest.ds, settings.line,
              parent.role, parent.describe(), done.card)
     return done

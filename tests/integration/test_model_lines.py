@@ -66,6 +66,11 @@ def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_
                                                                                         "2026-11-02"]
         card = line.night("2026-11-02").card.read_text()
         assert f"`{topics[0]}`" in card and f"`{topics[1]}`" in card and "2 night(s)" in card
+        assert Path(two["summary"]["export"], "README.md").read_text() == card  # the run's export has it too
+        from stoker.runs import render, summary
+
+        shown = render(summary(tmp_path / "2026-11-02"))  # what `stoker runs show` prints
+        assert f"model line       {settings.line}: continued night 2026-11-01; joined; model card" in shown
         # the line's own copy of night 2 loads offline as a model
         from transformers import AutoModelForCausalLM
 
