@@ -49,10 +49,13 @@ class TokenizerFacts:
 
 def tokenizer_facts(path: str | Path, eos_token: str, pad_token: str) -> TokenizerFacts:
     """Read a ``tokenizers`` JSON file without the library (the Airflow side may not have it)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    vocab = data.get("model", {}).get("vocab") or {}
-    ids = dict(vocab) if isinstance(vocab, dict) else {piece[0]: i for i, piece in enumerate(vocab)}
-    ids.update({t["content"]: int(t["id"]) for t in data.get("added_tokens", [])})
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        vocab = data.get("model", {}).get("vocab") or {}
+        ids = dict(vocab) if isinstance(vocab, dict) else {piece[0]: i for i, piece in enumerate(vocab)}
+        ids.update({t["content"]: int(t["id"]) for t in data.get("added_tokens", [])})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ConfigError(f"tokenizer.path = {str(path)!r}: not a readable tokenizers JSON file ({e!r})") from None
 
     def token_id(token: str, key: str) -> int:
         if token not in ids:

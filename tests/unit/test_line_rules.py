@@ -167,3 +167,10 @@ def test_node_settings_validate():
         with pytest.raises(ConfigError) as e:
             parse_corpus({**data, "train": {**data["train"], **train}})
         assert message in str(e.value)
+
+
+def test_a_broken_tokenizer_file_is_a_config_error(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"vocab": 3}}')
+    with pytest.raises(ConfigError, match=r"tokenizer.path = .*not a readable tokenizers JSON file"):
+        tokenizer_facts(bad, "<|endoftext|>", "<|pad|>")
