@@ -36,3 +36,39 @@ def with_password_file(conf: dict[str, Any]) -> dict[str, Any]:
 
 CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit")
 """librdkafka callbacks a connection may name by dotted path (as the Kafka provider allows)."""
+
+
+def config_from_env(var: str = "STOKER_KAFKA_CONFIG") -> dict[str, Any]:
+    """The client config handed to a Spark job or a trainer in the environment (never on a command line)."""
+    import json
+    import os
+
+    from stoker.exceptions import ConfigError
+
+    raw = os.environ.get(var)
+    if not raw:
+        raise ConfigError(f"{var} is not set: it must hold the Kafka client config as JSON, "
+                          'e.g. {"bootstrap.servers": "127.0.0.1:29092"}')
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{var} is not JSON: {e}") from None
+    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
+        raise ConfigError(f"{var} must be a JSON object with 'bootstrap.servers'")
+    for key in CALLBACK_KEYS:  # dotted paths the Airflow side's allow-list accepted
+        if isinstance(conf.get(key), str):
+            conf[key] = _import_callable(conf[key])
+    return with_password_file(conf)
+
+
+def _import_callable(path: str) -> Any:
+    import importlib
+
+    from stoker.exceptions import ConfigError
+
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"Kafka callback {path!r} cannot be imported here ({e}): install the module that "
+                          "defines it on this node too") from None

@@ -11,7 +11,12 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stoker.client_config import CALLBACK_KEYS, PASSWORD_FILE, with_password_file  # noqa: F401 - re-exported
+from stoker.client_config import (  # noqa: F401 - re-exported
+    CALLBACK_KEYS,
+    PASSWORD_FILE,
+    config_from_env,
+    with_password_file,
+)
 from stoker.exceptions import KafkaTimeout, StokerError
 from stoker.lag import LagReport, PartitionLag, compute_lag  # noqa: F401 - the sensors' and tests' spelling
 
@@ -24,50 +29,29 @@ def admin(config: Mapping[str, Any]):
     return AdminClient(dict(config))
 
 
-def _wait(futures: Mapping[Any, Any], what: str, timeout: float = TIMEOUT_S) -> dict[Any, Any]:
+def _wait(futures: Mapping[Any, Any], what: str, timeout: float = TIMEOUT_S, client: Any = None) -> dict[Any, Any]:
+    """The futures' results; ``client`` (their admin client) is kept alive while any is still in flight."""
     out = {}
     for key, fut in futures.items():
         try:
             out[key] = fut.result(timeout=timeout)
         except Exception as e:  # confluent_kafka raises KafkaException with a KafkaError inside
+            if client is not None:
+                _hold(client, futures)
             raise StokerError(f"{what} {key!r} failed: {e}") from e
     return out
 
 
-def config_from_env(var: str = "STOKER_KAFKA_CONFIG") -> dict[str, Any]:
-    """The client config handed to a Spark job or a trainer in the environment (never on a command line)."""
-    import json
-    import os
-
-    from stoker.exceptions import ConfigError
-
-    raw = os.environ.get(var)
-    if not raw:
-        raise ConfigError(f"{var} is not set: it must hold the Kafka client config as JSON, "
-                          'e.g. {"bootstrap.servers": "127.0.0.1:29092"}')
-    try:
-        conf = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{var} is not JSON: {e}") from None
-    if not isinstance(conf, dict) or "bootstrap.servers" not in conf:
-        raise ConfigError(f"{var} must be a JSON object with 'bootstrap.servers'")
-    for key in CALLBACK_KEYS:  # dotted paths the Airflow side's allow-list accepted
-        if isinstance(conf.get(key), str):
-            conf[key] = _import_callable(conf[key])
-    return with_password_file(conf)
+_IN_FLIGHT: list[tuple[Any, Any]] = []
+"""Admin clients whose requests outlived our wait. Destroying a librdkafka admin handle while a request
+is still in flight aborts the process (``rd_kafka_enq_once_del_source_return: Assertion
+eonce->refcnt > 0``, seen when a group coordinator was killed under a commit): they live until done."""
 
 
-def _import_callable(path: str) -> Any:
-    import importlib
-
-    from stoker.exceptions import ConfigError
-
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"Kafka callback {path!r} cannot be imported here ({e}): install the module that "
-                          "defines it on this node too") from None
+def _hold(client: Any, futures: Mapping[Any, Any]) -> None:
+    _IN_FLIGHT[:] = [(c, f) for c, f in _IN_FLIGHT if not all(x.done() for x in f.values())]
+    if not all(f.done() for f in futures.values()):
+        _IN_FLIGHT.append((client, futures))
 
 
 def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> int:
@@ -143,6 +127,8 @@ def create_topic(
     topic_config: Mapping[str, str] | None = None,
 ) -> bool:
     """Create ``name``; True if created, False if it already existed with the same partition count."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
@@ -152,6 +138,9 @@ def create_topic(
     fut = client.create_topics([new], operation_timeout=TIMEOUT_S)[name]
     try:
         fut.result(timeout=TIMEOUT_S * 2)
+    except FutureTimeout:
+        _hold(client, {name: fut})
+        raise
     except KafkaException as e:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise StokerError(
@@ -212,6 +201,8 @@ def _await_topic(config: Mapping[str, Any], name: str, partitions: int, timeout:
 
 def delete_topics(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
     """Delete topics that exist; returns those deleted."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
     from confluent_kafka import KafkaError, KafkaException
 
     names = [n for n in names]
@@ -224,6 +215,9 @@ def delete_topics(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
         try:
             fut.result(timeout=TIMEOUT_S * 2)
             deleted.append(name)
+        except FutureTimeout:
+            _hold(client, futures)
+            raise
         except KafkaException as e:
             if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise StokerError(f"deleting topic {name!r} failed: {e}") from e
@@ -278,7 +272,8 @@ def _list_offsets(config: Mapping[str, Any], topic: str, spec: str, committed_on
     deadline = time.monotonic() + TIMEOUT_S
     while True:  # leadership moves (a new topic, a broker restart) answer with retriable errors
         try:
-            res = _wait(client.list_offsets(req, isolation_level=level, request_timeout=TIMEOUT_S), "list_offsets")
+            res = _wait(client.list_offsets(req, isolation_level=level, request_timeout=TIMEOUT_S), "list_offsets",
+                        client=client)
             return {tp.partition: info.offset for tp, info in res.items()}
         except StokerError as e:
             if not _retriable(e) or time.monotonic() > deadline:
@@ -305,7 +300,8 @@ def committed_offsets(
 
     req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
     client = admin(config)
-    res = _wait(client.list_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "list_consumer_group_offsets")
+    res = _wait(client.list_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "list_consumer_group_offsets",
+                client=client)
     out: dict[int, int | None] = {}
     for tp in res[group].topic_partitions:
         out[tp.partition] = tp.offset if tp.offset >= 0 else None
@@ -327,15 +323,17 @@ def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: M
     req = [ConsumerGroupTopicPartitions(group, tps)]
     give_up, pause = time.monotonic() + deadline_s, 1.0
     while True:
-        client = admin(config)  # held while its futures are pending: a collected client never completes them
+        client = admin(config)
+        futures = client.alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S)
         try:
-            _wait(client.alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "alter_consumer_group_offsets")
+            _wait(futures, "alter_consumer_group_offsets", client=client)
             return
         except StokerError as e:
             if not (isinstance(e.__cause__, FutureTimeout) or _retriable(e)) or time.monotonic() + pause > give_up:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 10.0)
+
 
 
 def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True, timeout: float = 60.0) -> list[Any]:
