@@ -28,8 +28,9 @@ import threading
 import time
 from pathlib import Path
 
+from stoker import kafka as skafka
 from stoker import paths
-from stoker.layout import RunLayout
+from stoker.layout import RunLayout, tasks_topic
 from stoker.local import broker, sample
 
 
@@ -201,6 +202,8 @@ def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: 
         errors = [line for line in out.splitlines() if "Error" in line or "Exception:" in line][:10]
         sys.exit("tokenize_publish failed:\n" + "\n".join(errors) + "\n...\n" + out[-3000:])
     manifest = json.loads(RunLayout(workdir / f"run-{fmt}").manifest.read_text())
+    # a GB of records in the broker's log otherwise stays there until its retention (7 days) ends
+    skafka.delete_topics({"bootstrap.servers": bootstrap}, [manifest["topic"], tasks_topic(manifest["topic"])])
     return manifest, seconds, peak, out
 
 

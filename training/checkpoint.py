@@ -8,12 +8,17 @@ DeepSpeed saves only rank 0's ``client_state``, so the ranks' source states are 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 from stoker import kafka as skafka
 
 log = logging.getLogger("stoker.train.checkpoint")
+
+TAG = re.compile(r"step\d{8}")
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -30,7 +35,7 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def save(engine: Any, source: Any, step: int, ckpt_dir: Path, *, kafka_config: dict[str, Any] | None,
-         group_id: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+         group_id: str, keep: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch.distributed as dist
 
     states: list[Any] = [None] * dist.get_world_size()
@@ -44,7 +49,22 @@ def save(engine: Any, source: Any, step: int, ckpt_dir: Path, *, kafka_config: d
         skafka.commit_offsets(kafka_config, group_id, data["topic"], offsets)
         log.info("checkpoint step %d saved in %s; offsets committed for group %s: %s", step, ckpt_dir, group_id,
                  offsets)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one pruner per node: folders may be node-local
+        prune(ckpt_dir, keep)
     return data
+
+
+def prune(ckpt_dir: Path, keep: int) -> list[str]:
+    """Remove all but the ``keep`` newest checkpoints, never the one ``latest`` names. Called after a
+    save is complete on every rank, so a kill in between leaves one more checkpoint, never fewer."""
+    latest = (ckpt_dir / "latest").read_text().strip() if has_checkpoint(ckpt_dir) else None
+    tags = sorted(d.name for d in ckpt_dir.iterdir() if d.is_dir() and TAG.fullmatch(d.name))
+    gone = [t for t in tags[:-keep] if t != latest]
+    for tag in gone:
+        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)  # another node's pruner may share the folder
+    if gone:
+        log.info("removed old checkpoints %s from %s (keep_checkpoints = %d)", gone, ckpt_dir, keep)
+    return gone
 
 
 def has_checkpoint(ckpt_dir: Path) -> bool:

@@ -75,12 +75,15 @@ class TrainRecipe:
     """Use torch's AdamW instead of a JIT-compiled fused/CPU Adam (avoids a ~40 s build on CPU)."""
     checkpoint_every: int = 50
     """Optimizer steps between checkpoints (and consumer-group commits); one is also saved at the end."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept in the trainer's folder, newest first; older ones are removed after each save
+    (each holds the model and optimizer: on the real model, hundreds of GB)."""
     bias_update_speed: float = 1e-3
     """DeepSeek-V3 auxiliary-loss-free balancing: gamma in bias += gamma * sign(mean load - load); 0 = off."""
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "grad_accum_steps", "checkpoint_every"):
+        for name in ("micro_batch_size", "grad_accum_steps", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"recipe {self.name}: {name} = {getattr(self, name)} must be >= 1")
         if self.zero_stage not in (0, 1, 2, 3):

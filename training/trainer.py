@@ -324,7 +324,7 @@ class Trainer:
         offsets are committed to the consumer group (the lag sensor sees progress)."""
         self.data_state = checkpoint.save(self.engine, self.source, self.progress.step, self.files.checkpoints,
                                           kafka_config=self.kafka_config, group_id=self.group_id,
-                                          extra=self.progress.state_dict())
+                                          keep=self.recipe.keep_checkpoints, extra=self.progress.state_dict())
         self.saved_step = self.progress.step
 
     def _offsets_moved(self) -> bool:

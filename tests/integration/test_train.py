@@ -78,6 +78,9 @@ def test_kill_9_then_resume_consumes_exactly_the_manifest(run, tmp_path):
     # same weights, optimizer and data after the checkpoint: the resumed loss continues the curve
     losses_2 = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > ckpt_step}
     assert losses_2[ckpt_step + 1] == pytest.approx(losses_1[ckpt_step + 1], rel=1e-3)
+    # old checkpoints are pruned (recipe keep_checkpoints = 2): the latest and the one before it remain
+    tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
+    assert len(tags) == 2 and tags[-1] == (out / "checkpoints" / "latest").read_text().strip()
 
 
 def test_resume_two_ranks_on_one_rank(run, tmp_path):

@@ -79,3 +79,19 @@ def test_caught_up_returns_the_trainer(tmp_path):
     out = _operator(tmp_path, retries=3).execute_complete({"ti": SimpleNamespace(try_number=2)},
                                                           {"status": "caught_up", "rc": 0, "lag": 0})
     assert out["consumed"] is True and out["topic"] == "stoker.c.20261201.a1"
+
+
+def test_pruning_keeps_the_newest_checkpoints_and_never_the_latest_one(tmp_path):
+    from training.checkpoint import prune
+
+    for step in (3, 6, 9, 12):
+        (tmp_path / f"step{step:08d}").mkdir()
+        (tmp_path / f"step{step:08d}" / "model.pt").write_bytes(b"w")
+    (tmp_path / "other").mkdir()  # not a checkpoint: left alone
+    (tmp_path / "latest").write_text("step00000003")  # e.g. a resume point older than newer leftovers
+    assert prune(tmp_path, 2) == ["step00000006"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "other", "step00000003", "step00000009",
+                                                          "step00000012"]
+    (tmp_path / "latest").write_text("step00000012")
+    assert prune(tmp_path, 1) == ["step00000003", "step00000009"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "other", "step00000012"]
