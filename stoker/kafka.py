@@ -29,29 +29,14 @@ def admin(config: Mapping[str, Any]):
     return AdminClient(dict(config))
 
 
-def _wait(futures: Mapping[Any, Any], what: str, timeout: float = TIMEOUT_S, client: Any = None) -> dict[Any, Any]:
-    """The futures' results; ``client`` (their admin client) is kept alive while any is still in flight."""
+def _wait(futures: Mapping[Any, Any], what: str, timeout: float = TIMEOUT_S) -> dict[Any, Any]:
     out = {}
     for key, fut in futures.items():
         try:
             out[key] = fut.result(timeout=timeout)
         except Exception as e:  # confluent_kafka raises KafkaException with a KafkaError inside
-            if client is not None:
-                _hold(client, futures)
             raise StokerError(f"{what} {key!r} failed: {e}") from e
     return out
-
-
-_IN_FLIGHT: list[tuple[Any, Any]] = []
-"""Admin clients whose requests outlived our wait. Destroying a librdkafka admin handle while a request
-is still in flight aborts the process (``rd_kafka_enq_once_del_source_return: Assertion
-eonce->refcnt > 0``, seen when a group coordinator was killed under a commit): they live until done."""
-
-
-def _hold(client: Any, futures: Mapping[Any, Any]) -> None:
-    _IN_FLIGHT[:] = [(c, f) for c, f in _IN_FLIGHT if not all(x.done() for x in f.values())]
-    if not all(f.done() for f in futures.values()):
-        _IN_FLIGHT.append((client, futures))
 
 
 def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> int:
@@ -127,7 +112,6 @@ def create_topic(
     topic_config: Mapping[str, str] | None = None,
 ) -> bool:
     """Create ``name``; True if created, False if it already existed with the same partition count."""
-    from concurrent.futures import TimeoutError as FutureTimeout
 
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
@@ -138,9 +122,6 @@ def create_topic(
     fut = client.create_topics([new], operation_timeout=TIMEOUT_S)[name]
     try:
         fut.result(timeout=TIMEOUT_S * 2)
-    except FutureTimeout:
-        _hold(client, {name: fut})
-        raise
     except KafkaException as e:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise StokerError(
@@ -201,7 +182,6 @@ def _await_topic(config: Mapping[str, Any], name: str, partitions: int, timeout:
 
 def delete_topics(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
     """Delete topics that exist; returns those deleted."""
-    from concurrent.futures import TimeoutError as FutureTimeout
 
     from confluent_kafka import KafkaError, KafkaException
 
@@ -215,9 +195,6 @@ def delete_topics(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
         try:
             fut.result(timeout=TIMEOUT_S * 2)
             deleted.append(name)
-        except FutureTimeout:
-            _hold(client, futures)
-            raise
         except KafkaException as e:
             if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise StokerError(f"deleting topic {name!r} failed: {e}") from e
@@ -272,8 +249,7 @@ def _list_offsets(config: Mapping[str, Any], topic: str, spec: str, committed_on
     deadline = time.monotonic() + TIMEOUT_S
     while True:  # leadership moves (a new topic, a broker restart) answer with retriable errors
         try:
-            res = _wait(client.list_offsets(req, isolation_level=level, request_timeout=TIMEOUT_S), "list_offsets",
-                        client=client)
+            res = _wait(client.list_offsets(req, isolation_level=level, request_timeout=TIMEOUT_S), "list_offsets")
             return {tp.partition: info.offset for tp, info in res.items()}
         except StokerError as e:
             if not _retriable(e) or time.monotonic() > deadline:
@@ -292,20 +268,44 @@ def _retriable(e: StokerError) -> bool:
         KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
+def _group_member(config: Mapping[str, Any], group: str, **extra: Any) -> Any:
+    """A consumer of ``group`` that never joins it: it reads and commits the group's offsets by the
+    group protocol (OffsetFetch, OffsetCommit), not the Admin API, whose requests to a group coordinator
+    abort the whole process when the coordinator's connection drops mid-request (librdkafka's
+    ``rd_kafka_admin_coord_request`` frees a request it still refers to: ``rd_kafka_enq_once_del_source_return:
+    Assertion eonce->refcnt > 0``, librdkafka issues 4605 and 3663; unfixed in 2.16). Seen here when a
+    coordinator was killed under a trainer's checkpoint commit."""
+    from confluent_kafka import Consumer
+
+    return Consumer({**config, "group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False,
+                     **extra})
+
+
+def _coordinator_moving(err: Any) -> bool:
+    from confluent_kafka import KafkaError
+
+    return bool(err.retriable()) or err.code() in (
+        KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._WAIT_COORD)
+
+
 def committed_offsets(
     config: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int]
 ) -> dict[int, int | None]:
     """The group's committed offset per partition (None where nothing is committed)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
-    req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])]
-    client = admin(config)
-    res = _wait(client.list_consumer_group_offsets(req, request_timeout=TIMEOUT_S), "list_consumer_group_offsets",
-                client=client)
-    out: dict[int, int | None] = {}
-    for tp in res[group].topic_partitions:
-        out[tp.partition] = tp.offset if tp.offset >= 0 else None
-    return out
+    member = _group_member(config, group)
+    try:
+        found = member.committed([TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT_S)
+    except KafkaException as e:
+        raise StokerError(f"committed offsets of group {group!r} on {topic} failed: {e}") from e
+    finally:
+        member.close()
+    failed = [tp for tp in found if tp.error is not None]
+    if failed:
+        raise StokerError(f"committed offsets of group {group!r} on {topic}[{failed[0].partition}]: {failed[0].error}")
+    return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
 
 
 def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: Mapping[int, int],
@@ -314,26 +314,31 @@ def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: M
 
     While the group's coordinator fails over (its broker killed: the controller notices after the
     broker session timeout, then a new leader of its ``__consumer_offsets`` partition takes over), a
-    request times out or is refused as retriable: try again with a fresh client, until ``deadline_s``."""
-    from concurrent.futures import TimeoutError as FutureTimeout
-
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    commit times out or is refused as retriable: it is sent again until ``deadline_s``."""
+    from confluent_kafka import TopicPartition
 
     tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
-    req = [ConsumerGroupTopicPartitions(group, tps)]
+    results: list[tuple[Any, list[Any]]] = []
+    member = _group_member(config, group, on_commit=lambda err, parts: results.append((err, parts)))
     give_up, pause = time.monotonic() + deadline_s, 1.0
-    while True:
-        client = admin(config)
-        futures = client.alter_consumer_group_offsets(req, request_timeout=TIMEOUT_S)
-        try:
-            _wait(futures, "alter_consumer_group_offsets", client=client)
-            return
-        except StokerError as e:
-            if not (isinstance(e.__cause__, FutureTimeout) or _retriable(e)) or time.monotonic() + pause > give_up:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, 10.0)
-
+    try:
+        while True:
+            results.clear()
+            member.commit(offsets=tps, asynchronous=True)
+            wait_until = min(time.monotonic() + TIMEOUT_S, give_up)
+            while not results and time.monotonic() < wait_until:
+                member.poll(0.2)  # serves the commit's callback
+            err = results[0][0] if results else None
+            err = err or next((tp.error for tp in (results[0][1] if results else []) if tp.error), None)
+            if results and err is None:
+                return
+            if (err is not None and not _coordinator_moving(err)) or time.monotonic() + pause > give_up:
+                raise StokerError(f"committing offsets {dict(offsets)} of {topic} for group {group!r} failed: "
+                                  f"{err or f'no answer in {deadline_s:.0f} s'}")
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
+    finally:
+        member.close()
 
 
 def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True, timeout: float = 60.0) -> list[Any]:

@@ -100,3 +100,60 @@ def test_training_survives_its_partition_leader_then_its_group_coordinator_kille
     assert sorted(trained) == sorted(k.decode() for k in published) == all_keys(m)
     committed = skafka.committed_offsets(cluster.client, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
     assert skafka.compute_lag(m.end_offsets(), committed).lag == 0  # the lag sensor sees the end
+
+
+COMMIT_LOOP = """
+import json, sys, time
+from stoker import kafka as skafka
+from stoker.exceptions import StokerError
+config, group, topic, seconds = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+i, stop = 0, time.monotonic() + seconds
+while time.monotonic() < stop:
+    i += 1
+    skafka.commit_offsets(config, group, topic, {p: i for p in range(4)})  # rides through the failover itself
+    for _ in range(60):  # a read fails while the coordinator moves (the lag trigger's next poll reads again)
+        try:
+            got = skafka.committed_offsets(config, group, topic, range(4))
+            break
+        except StokerError as e:
+            print("read failed:", e, flush=True)
+            time.sleep(1)
+    assert got == {p: i for p in range(4)}, got
+    print(i, flush=True)
+"""
+
+
+def test_group_offsets_are_committed_and_read_through_their_coordinators_death(cluster, tmp_path):
+    """A process that commits and reads a group's offsets in a loop (as the trainer's checkpoints and
+    the lag trigger do) lives through a SIGKILL of the group's coordinator: no librdkafka abort, and
+    every commit lands. librdkafka's Admin API aborts the process here (its coordinator requests)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    topic, group = f"stoker.coordkill.{time.time_ns()}", f"stoker-train.coordkill.{time.time_ns()}"
+    skafka.create_topic(cluster.client, topic, 4, 3, {"min.insync.replicas": "2"})
+    log = tmp_path / "commits.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", COMMIT_LOOP, json.dumps(cluster.client), group, topic, "75"],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    coordinator = ""
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("\n") < 20:  # committing steadily
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        coordinator = cluster.coordinator(group, "__consumer_offsets")
+        cluster.kill(coordinator)
+        rc = proc.wait(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if coordinator:
+            cluster.restart(coordinator)
+    text = log.read_text(errors="replace")
+    assert rc == 0, f"the committing process ended with {rc} after {coordinator} was killed:\n{text[-3000:]}"
+    last = max(int(line) for line in text.splitlines() if line.isdigit())
+    assert skafka.committed_offsets(cluster.client, group, topic, range(4)) == {p: last for p in range(4)}
+    skafka.delete_topics(cluster.client, [topic])
