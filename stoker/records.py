@@ -35,6 +35,9 @@ DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u
 
 
 _DTYPES_BY_HEADER = {k.encode(): (k, v) for k, v in DTYPES.items()}
+_U4 = np.dtype("<u4")
+_NO_DOCS = np.zeros(0, dtype=_U4)
+_NO_DOCS.flags.writeable = False  # shared by every record without document starts
 
 
 def dtype_for_vocab(vocab_size: int) -> str:
@@ -102,25 +105,22 @@ def encode_headers(
 
 
 def decode(value: bytes, headers: Iterable[tuple[str, bytes]] | None, seq_len: int | None = None) -> PackedSequence:
-    """Decode one message; ``seq_len`` (when given) is checked against the value's length."""
-    h = dict(headers or ())
+    """Decode one message; ``seq_len`` (when given) is checked against the value's length. The
+    trainer's hot path (one call a record): checks stay, every lookup is done once."""
+    h = dict(headers) if headers else {}
     schema = h.get(H_SCHEMA)
     if schema != _SCHEMA_BYTES:
         raise RecordError(f"header {H_SCHEMA} = {schema!r}: this reader understands schema {SCHEMA_VERSION}")
-    dtype, np_dtype = _DTYPES_BY_HEADER.get(h.get(H_DTYPE, b""), ("", None))  # the hot path: no decoding
-    if np_dtype is None:
+    found = _DTYPES_BY_HEADER.get(h.get(H_DTYPE, b""))  # the header's bytes: no decoding
+    if found is None:
         raise RecordError(f"header {H_DTYPE} = {h.get(H_DTYPE, b'').decode(errors='replace')!r}: must be one of "
                           f"{sorted(DTYPES)}")
-    if len(value) % np_dtype.itemsize:
+    dtype, np_dtype = found
+    n, odd = divmod(len(value), np_dtype.itemsize)
+    if odd:
         raise RecordError(f"value of {len(value)} bytes is not a whole number of {dtype} ids")
-    tokens = np.frombuffer(value, dtype=np_dtype)
-    if seq_len is not None and len(tokens) != seq_len + 1:
-        raise RecordError(f"sequence holds {len(tokens)} ids, expected seq_len + 1 = {seq_len + 1}")
-    docs = h.get(H_DOCS)
-    valid = h.get(H_VALID)
-    return PackedSequence(
-        tokens=tokens,
-        run_id=h.get(H_RUN, b"").decode(),
-        doc_starts=np.frombuffer(docs, dtype="<u4") if docs else np.zeros(0, dtype="<u4"),
-        valid=int(valid) if valid is not None else None,
-    )
+    if seq_len is not None and n != seq_len + 1:
+        raise RecordError(f"sequence holds {n} ids, expected seq_len + 1 = {seq_len + 1}")
+    docs, valid, run = h.get(H_DOCS), h.get(H_VALID), h.get(H_RUN)
+    return PackedSequence(np.frombuffer(value, np_dtype), run.decode() if run else "",
+                          np.frombuffer(docs, _U4) if docs else _NO_DOCS, int(valid) if valid is not None else None)

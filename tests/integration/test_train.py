@@ -150,3 +150,36 @@ def test_batches_depend_on_the_manifest_and_world_size_only_also_across_a_resume
     ckpt = min(step for _, step in second) - 1
     assert ckpt % 4 == 0 and ckpt >= 8
     assert second == {k: v for k, v in expected.items() if k[1] > ckpt}  # and the same after the resume
+
+
+def test_the_source_reads_the_manifest_range_only_whatever_follows_it(run):
+    """Records published after the manifest's end (a later transaction, an aborted one) are not this
+    run's: each rank reads exactly its partitions' manifest ranges, in the order rule's batches, and
+    ends with every offset at the manifest's end."""
+    from confluent_kafka import Producer
+
+    from stoker import records
+    from stoker.records import make_key
+    from training.data.kafka_source import KafkaTokenSource
+
+    m, _, kafka_config = run
+    producer = Producer({**kafka_config, "transactional.id": m.topic + ".more", "acks": "all"})
+    producer.init_transactions(30)
+    for commit in (False, True):
+        producer.begin_transaction()
+        for p in range(PARTITIONS):
+            producer.produce(m.topic, key=b"after-the-end", partition=p, value=records.encode_value(
+                [1] * (SEQ_LEN + 1), "uint16"), headers=records.encode_headers("t/2026-12-01", "uint16"))
+        producer.commit_transaction(30) if commit else producer.abort_transaction(30)
+    for rank in (0, 1):
+        src = KafkaTokenSource(kafka_config=kafka_config, manifest=m, rank=rank, world=2, batch_size=3,
+                               group_id=f"range-{rank}")
+        batches = []
+        while (pending := src.next_batch()) is not None:
+            src.commit(pending)
+            batches.append([k.decode() for k in pending.batch.keys])
+        src.close()
+        rows = [make_key(0, 4 * i + p).decode() for i in range(41) for p in (rank, rank + 2)]
+        assert batches == [rows[i:i + 3] for i in range(0, len(rows), 3)]
+        assert {p: src.offsets[p] for p in (rank, rank + 2)} == {p.partition: p.end_offset for p in m.partitions
+                                                               if p.partition in (rank, rank + 2)}

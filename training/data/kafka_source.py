@@ -118,24 +118,24 @@ class KafkaTokenSource:
         self._close()
 
     def _receive(self, msgs: list[Any]) -> None:
-        """File fetched messages into their partition's buffer; note partitions that reached their end."""
+        """File fetched messages into their partition's buffer (records past a partition's end too:
+        :meth:`next_batch` stops there); note partitions that reached their end. One call per record
+        on the hot path, so the range check waits for the record's turn."""
         from confluent_kafka import KafkaError, TopicPartition
 
+        buf = self._buf
         for msg in msgs:
-            p, offset = msg.partition(), msg.offset()
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    raise StokerError(f"reading {self.manifest.topic}[{p}]: {msg.error()}")
-                if offset >= self.end[p]:  # at the end: only transaction markers lay between the last record and here
-                    self._live.discard(p)
-            elif p in self._live:
-                if offset >= self.end[p]:  # past the manifest's range: not this run's data
-                    self._live.discard(p)
-                else:
-                    self._buf[p].append(msg)
-                    if len(self._buf[p]) >= self.buffer_cap and p not in self._paused:
-                        self._consumer.pause([TopicPartition(self.manifest.topic, p)])
-                        self._paused.add(p)
+            err = msg.error()
+            if err is None:
+                buf[msg.partition()].append(msg)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                raise StokerError(f"reading {self.manifest.topic}[{msg.partition()}]: {err}")
+            elif msg.offset() >= self.end[msg.partition()]:  # only transaction markers lay before here
+                self._live.discard(msg.partition())
+        full = [p for p in self.partitions if len(buf[p]) >= self.buffer_cap and p not in self._paused]
+        if full:
+            self._consumer.pause([TopicPartition(self.manifest.topic, p) for p in full])
+            self._paused.update(full)
 
     def _fill(self, p: int) -> None:
         """Fetch until partition ``p`` has a record buffered or is at its end (buffering the others')."""
@@ -157,6 +157,18 @@ class KafkaTokenSource:
                 raise StokerError(f"no data from {self.manifest.topic} partition {p} for {self.stall_timeout:.0f}s "
                                   "before its end offset: is the broker up?")
 
+    def _finish(self, p: int) -> None:
+        """Partition ``p`` (the order's head) is at its end: it leaves the order and stops fetching."""
+        from confluent_kafka import TopicPartition
+
+        heapq.heappop(self._order)
+        self._pos[p] = self.end[p]
+        self._live.discard(p)
+        self._buf[p] = deque(maxlen=0)  # drops what is still in flight for it
+        if p not in self._paused:
+            self._consumer.pause([TopicPartition(self.manifest.topic, p)])
+            self._paused.add(p)
+
     def next_batch(self) -> Pending | None:
         """Up to ``batch_size`` sequences from this rank's partitions (fewer at the very end, None when
         every partition is at its end). Offsets are not advanced until :meth:`commit`.
@@ -172,21 +184,25 @@ class KafkaTokenSource:
         seqs: list[Any] = []
         keys: list[bytes] = []
         t0 = time.perf_counter()
-        order, buf, pos, start, seq_len = self._order, self._buf, self._pos, self.start, self.manifest.seq_len
+        order, buf, pos, start, end = self._order, self._buf, self._pos, self.start, self.end
+        seq_len = self.manifest.seq_len
         decode, replace = records.decode, heapq.heapreplace
         while len(seqs) < self.batch_size and order:
             p = order[0][1]  # the unfinished partition that advanced least (ties: the lower one)
             if not buf[p]:
                 self._fill(p)
                 if not buf[p]:
-                    pos[p] = self.end[p]  # at its end: it leaves the order
-                    heapq.heappop(order)
+                    self._finish(p)
                     continue
             msg = buf[p].popleft()
+            at = msg.offset()
+            if at >= end[p]:  # past the manifest's range: not this run's data, the partition is done
+                self._finish(p)
+                continue
             seqs.append(decode(msg.value(), msg.headers(), seq_len))
             keys.append(msg.key())
-            pos[p] = at = msg.offset() + 1
-            replace(order, (at - start[p], p))
+            pos[p] = at + 1
+            replace(order, (at + 1 - start[p], p))
         for q in self.partitions:
             if q not in self._live and not self._buf[q]:
                 self._pos[q] = self.end[q]
