@@ -315,8 +315,10 @@ def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: M
     While the group's coordinator fails over (its broker killed: the controller notices after the
     broker session timeout, then a new leader of its ``__consumer_offsets`` partition takes over), a
     commit times out or is refused as retriable: it is sent again until ``deadline_s``."""
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
+    if not offsets:
+        return
     tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
     results: list[tuple[Any, list[Any]]] = []
     member = _group_member(config, group, on_commit=lambda err, parts: results.append((err, parts)))
@@ -324,7 +326,10 @@ def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: M
     try:
         while True:
             results.clear()
-            member.commit(offsets=tps, asynchronous=True)
+            try:
+                member.commit(offsets=tps, asynchronous=True)
+            except KafkaException as e:  # refused before it was sent
+                results.append((e.args[0], []))
             wait_until = min(time.monotonic() + TIMEOUT_S, give_up)
             while not results and time.monotonic() < wait_until:
                 member.poll(0.2)  # serves the commit's callback
