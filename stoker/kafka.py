@@ -112,7 +112,6 @@ def create_topic(
     topic_config: Mapping[str, str] | None = None,
 ) -> bool:
     """Create ``name``; True if created, False if it already existed with the same partition count."""
-
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
@@ -182,7 +181,6 @@ def _await_topic(config: Mapping[str, Any], name: str, partitions: int, timeout:
 
 def delete_topics(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
     """Delete topics that exist; returns those deleted."""
-
     from confluent_kafka import KafkaError, KafkaException
 
     names = [n for n in names]
@@ -257,15 +255,17 @@ def _list_offsets(config: Mapping[str, Any], topic: str, spec: str, committed_on
             time.sleep(0.3)
 
 
+def _transient(err: Any, codes: Iterable[int]) -> bool:
+    """Whether a KafkaError is worth another try: librdkafka says so, or it is one of ``codes``."""
+    return bool(err.retriable()) or err.code() in codes
+
+
 def _retriable(e: StokerError) -> bool:
     from confluent_kafka import KafkaError, KafkaException
 
     cause = e.__cause__
-    if not isinstance(cause, KafkaException):
-        return False
-    err = cause.args[0]
-    return bool(err.retriable()) or err.code() in (
-        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+    return isinstance(cause, KafkaException) and _transient(cause.args[0], (
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART))
 
 
 def _group_member(config: Mapping[str, Any], group: str, **extra: Any) -> Any:
@@ -284,9 +284,9 @@ def _group_member(config: Mapping[str, Any], group: str, **extra: Any) -> Any:
 def _coordinator_moving(err: Any) -> bool:
     from confluent_kafka import KafkaError
 
-    return bool(err.retriable()) or err.code() in (
+    return _transient(err, (
         KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._WAIT_COORD)
+        KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._WAIT_COORD))
 
 
 def committed_offsets(
@@ -333,10 +333,12 @@ def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: M
             wait_until = min(time.monotonic() + TIMEOUT_S, give_up)
             while not results and time.monotonic() < wait_until:
                 member.poll(0.2)  # serves the commit's callback
-            err = results[0][0] if results else None
-            err = err or next((tp.error for tp in (results[0][1] if results else []) if tp.error), None)
-            if results and err is None:
-                return
+            err = None
+            if results:  # the commit's answer: an error of the request, else of any partition
+                err, parts = results[0]
+                err = err or next((tp.error for tp in parts if tp.error), None)
+                if err is None:
+                    return
             if (err is not None and not _coordinator_moving(err)) or time.monotonic() + pause > give_up:
                 raise StokerError(f"committing offsets {dict(offsets)} of {topic} for group {group!r} failed: "
                                   f"{err or f'no answer in {deadline_s:.0f} s'}")
