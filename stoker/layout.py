@@ -29,6 +29,26 @@ TOPIC_PREFIX = "stoker"
 _ATTEMPT = re.compile(r"(?P<run>.+)\.a(?P<attempt>\d+)")
 
 
+CHECKPOINT_TAG = re.compile(r"step\d{8}")
+CHECKPOINT_COMPLETE = "stoker_complete.json"
+"""Written into a checkpoint tag's folder after every rank saved its part (a barrier): only such a tag
+is ever resumed, promoted or kept by pruning. DeepSpeed's own ``latest`` is written before the other
+ranks' shards may be complete."""
+
+
+def checkpoint_tag(step: int) -> str:
+    return f"step{step:08d}"
+
+
+def complete_checkpoints(ckpt_dir: Path) -> list[str]:
+    """The tags in ``ckpt_dir`` that every rank finished saving, oldest first."""
+    try:
+        tags = [d.name for d in ckpt_dir.iterdir() if CHECKPOINT_TAG.fullmatch(d.name)]
+    except OSError:
+        return []
+    return sorted(t for t in tags if (ckpt_dir / t / CHECKPOINT_COMPLETE).is_file())
+
+
 @dataclass(frozen=True, slots=True)
 class TrainerFiles:
     """The folder of one trainer (one per run topic) and what lives in it."""
@@ -94,6 +114,12 @@ class TrainerFiles:
         """The model this trainer's night continues (``stoker.lines.Parent``), fixed at its first launch
         so that every retry of the night starts from the same model."""
         return self.folder / "parent.json"
+
+    @property
+    def failure(self) -> Path:
+        """Written by a rank that failed in a way no relaunch can fix (``{"reason", "message"}``: data
+        that retention deleted before it was read, say); the train task then fails for good."""
+        return self.folder / "trainer_failure.json"
 
     def exit_code(self) -> int | None:
         try:
@@ -174,9 +200,10 @@ class NightFiles:
 
 @dataclass(frozen=True, slots=True)
 class LineLayout:
-    """A model line: the nights it trained, by date; its head is the newest one::
+    """A model line: the nights it trained, one per date and corpus (several corpora may feed a line)::
 
-        <state>/lines/<line>/nights/<ds>/     NightFiles (night.json, checkpoint/, hf/)
+        <state>/lines/<line>/nights/<ds>.<corpus>   a link to the night's folder in .store (NightFiles)
+        <state>/lines/<line>/nights/.store/         night folders; a promotion swaps the link atomically
     """
 
     folder: Path
@@ -193,13 +220,18 @@ class LineLayout:
     def nights_dir(self) -> Path:
         return self.folder / "nights"
 
-    def night(self, ds: str) -> NightFiles:
-        return NightFiles(self.nights_dir / ds)
+    @property
+    def store(self) -> Path:
+        """Where night folders live; ``nights/<ds>.<corpus>`` links to the current one of each night."""
+        return self.nights_dir / ".store"
+
+    def night(self, ds: str, corpus: str) -> NightFiles:
+        return NightFiles(self.nights_dir / f"{ds}.{corpus}")
 
     def nights(self) -> list[NightFiles]:
-        """Every night with a record, oldest first."""
+        """Every night with a record, by name (date, then corpus)."""
         found = [NightFiles(p.parent) for p in self.nights_dir.glob("*/night.json")
-                 if not p.parent.name.startswith(".")]  # a promotion's temporary folder
+                 if not p.parent.name.startswith(".")]  # the store, a promotion's temporary link
         return sorted(found, key=lambda n: n.folder.name)
 
 

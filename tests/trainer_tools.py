@@ -15,6 +15,7 @@ import numpy as np
 
 from stoker import kafka as skafka
 from stoker import records
+from stoker.local import broker
 from stoker.manifest import Manifest, PartitionRange, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,3 +156,15 @@ def await_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 60
         assert proc.poll() is None, f"the trainer exited ({proc.returncode}) before step {step}:\n{launch_logs(out)}"
         assert time.monotonic() < deadline, f"the trainer did not reach step {step} in {timeout}s"
         time.sleep(0.2)
+
+
+def committed_keys(bootstrap: str, topic: str) -> list[bytes]:
+    """Every committed key of ``topic``, read by Kafka's own ConsoleConsumer."""
+    cmd = broker.tool_command("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap,
+                              "--topic", topic, "--from-beginning", "--timeout-ms", "15000",
+                              "--isolation-level", "read_committed", "--property", "print.key=true",
+                              "--property", "print.value=false", "--property", "key.separator=|")
+    res = subprocess.run(cmd, capture_output=True, timeout=300)
+    keys = [line.strip() for line in res.stdout.splitlines() if line.strip()]
+    assert keys or res.returncode == 0, res.stderr.decode()[-2000:]
+    return keys

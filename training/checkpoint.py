@@ -7,28 +7,32 @@ DeepSpeed saves only rank 0's ``client_state``, so the ranks' source states are 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from stoker import kafka as skafka
+from stoker.exceptions import StokerError
+from stoker.layout import CHECKPOINT_COMPLETE, CHECKPOINT_TAG, checkpoint_tag, complete_checkpoints
 
 log = logging.getLogger("stoker.train.checkpoint")
 
-TAG = re.compile(r"step\d{8}")
-
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """One data state for the run: each partition's offset from the rank that owns it."""
+    """One data state for the run: each partition's offset (and read count) from the rank that owns it."""
     merged = dict(states[0])
-    offsets = dict(states[0]["next_offsets"])
-    for s in states:
-        for p in s["assignment"]["partitions"]:
-            offsets[str(p)] = s["next_offsets"][str(p)]
-    merged["next_offsets"] = offsets
+    for key in ("next_offsets", "consumed"):
+        if any(key not in s for s in states):
+            merged.pop(key, None)
+            continue
+        values = dict(states[0][key])
+        for s in states:
+            for p in s["assignment"]["partitions"]:
+                values[str(p)] = s[key][str(p)]
+        merged[key] = values
     merged["assignment"] = {"world": states[0]["assignment"]["world"],
                             "ranks": [s["assignment"]["partitions"] for s in states]}
     return merged
@@ -41,25 +45,34 @@ def save(engine: Any, source: Any, step: int, ckpt_dir: Path, *, kafka_config: d
     states: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(states, source.state_dict())
     data = merge_states(states)
-    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step:08d}",
-                           client_state={"data": data, "step": step, **(extra or {})})
+    tag, node_leader = checkpoint_tag(step), int(os.environ.get("LOCAL_RANK", "0")) == 0
+    if node_leader:  # a killed life's half-saved tag of this step: never written through, never mixed in
+        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+    dist.barrier()
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"data": data, "step": step, **(extra or {})})
+    dist.barrier()  # every rank's shards are on disk: only now is the tag complete
+    if node_leader:
+        mark = ckpt_dir / tag / CHECKPOINT_COMPLETE
+        mark.with_suffix(".tmp").write_text(json.dumps({"step": step, "world": dist.get_world_size()}))
+        os.replace(mark.with_suffix(".tmp"), mark)
     dist.barrier()
     if dist.get_rank() == 0 and kafka_config is not None:
         offsets = {int(p): o for p, o in data["next_offsets"].items()}
         skafka.commit_offsets(kafka_config, group_id, data["topic"], offsets)
         log.info("checkpoint step %d saved in %s; offsets committed for group %s: %s", step, ckpt_dir, group_id,
                  offsets)
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one pruner per node: folders may be node-local
+    if node_leader:  # one pruner per node: folders may be node-local
         prune(ckpt_dir, keep)
     return data
 
 
 def prune(ckpt_dir: Path, keep: int) -> list[str]:
-    """Remove all but the ``keep`` newest checkpoints, never the one ``latest`` names. Called after a
-    save is complete on every rank, so a kill in between leaves one more checkpoint, never fewer."""
-    latest = (ckpt_dir / "latest").read_text().strip() if has_checkpoint(ckpt_dir) else None
-    tags = sorted(d.name for d in ckpt_dir.iterdir() if d.is_dir() and TAG.fullmatch(d.name))
-    gone = [t for t in tags[:-keep] if t != latest]
+    """Keep the ``keep`` newest complete checkpoints; remove every other tag, complete or not (a killed
+    life's half-saved tags included). Called after a save is complete on every rank, so a kill in
+    between leaves one more checkpoint, never fewer."""
+    kept = set(complete_checkpoints(ckpt_dir)[-keep:])
+    tags = sorted(d.name for d in ckpt_dir.iterdir() if d.is_dir() and CHECKPOINT_TAG.fullmatch(d.name))
+    gone = [t for t in tags if t not in kept] if kept else []
     for tag in gone:
         shutil.rmtree(ckpt_dir / tag, ignore_errors=True)  # another node's pruner may share the folder
     if gone:
@@ -68,31 +81,35 @@ def prune(ckpt_dir: Path, keep: int) -> list[str]:
 
 
 def has_checkpoint(ckpt_dir: Path) -> bool:
-    return (ckpt_dir / "latest").is_file()
+    return bool(complete_checkpoints(ckpt_dir))
 
 
 def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dict[str, Any]:
-    """Load the latest checkpoint; the optimizer too where DeepSpeed can (else say so and go on).
-    A checkpoint written for another publication of the topic (``expect_manifest``) is refused."""
+    """Load the newest complete checkpoint with its optimizer state. Only where DeepSpeed cannot load a
+    ZeRO-partitioned optimizer saved at another world size does the optimizer start fresh (logged); at
+    the same world size a failure is an error, never a silent reset of Adam's moments. A checkpoint
+    written for another publication of the topic (``expect_manifest``) is refused."""
+    tag = complete_checkpoints(ckpt_dir)[-1]
+    saved_world = json.loads((ckpt_dir / tag / CHECKPOINT_COMPLETE).read_text())["world"]
     try:
-        path, client = engine.load_checkpoint(str(ckpt_dir))
-    except Exception as e:  # noqa: BLE001 - a ZeRO-partitioned optimizer saved at another world size
-        log.warning("optimizer state could not be restored (%s): restoring model weights only, the optimizer "
-                    "starts fresh", e)
-        path, client = engine.load_checkpoint(str(ckpt_dir), load_optimizer_states=False,
+        path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag)
+    except Exception as e:
+        if saved_world == engine.world_size:
+            raise StokerError(f"checkpoint {ckpt_dir / tag} (complete, world size {saved_world}) does not load: "
+                              f"{e}. Remove the tag to resume from the one before it") from e
+        log.warning("optimizer state saved at world size %d could not be restored at %d (%s): restoring model "
+                    "weights only, the optimizer starts fresh", saved_world, engine.world_size, e)
+        path, client = engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=False,
                                               load_lr_scheduler_states=True)
     if path is None:
-        raise RuntimeError(f"no loadable checkpoint in {ckpt_dir}")
+        raise StokerError(f"checkpoint {ckpt_dir / tag} is marked complete but DeepSpeed found nothing to load")
     found = client.get("manifest")
     if expect_manifest is not None and found is not None and found != expect_manifest:
-        from stoker.exceptions import StokerError
-
         raise StokerError(
             f"checkpoint {path} was written for publication {found!r} of the topic, but the manifest is now "
             f"{expect_manifest!r}: the topic was re-published since and its old offsets mean nothing in the new "
             f"data. Remove {ckpt_dir} to train the new publication from scratch (tokenize_publish does this "
             "itself when it re-publishes a topic).")
-    saved_world = client["data"]["assignment"]["world"]
     if saved_world != engine.world_size:
         log.warning("resuming a world-size-%d checkpoint at world size %d: partitions reassigned, each keeps "
                     "its offset", saved_world, engine.world_size)

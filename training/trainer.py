@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,9 @@ from stoker import kafka as skafka
 from stoker.layout import TrainerFiles, consumer_group
 from stoker.manifest import Manifest, read_manifest
 from training import checkpoint, lineage
+from training.data.kafka_source import verify_consumed
+from training.export import export
+from training.progress import Progress, StepStats
 from training.recipes import TrainRecipe, get_recipe
 
 log = logging.getLogger("stoker.train")
@@ -59,72 +61,6 @@ class TrainArgs:
     """Recipe overrides ``KEY=VALUE`` (``lr=3e-4``, ``model.num_layers=8``), validated like a recipe file."""
 
 
-@dataclass(slots=True)
-class StepStats:
-    """One optimizer micro-step, summed over every rank."""
-
-    step: int
-    loss: float
-    rows: int
-    tokens: int
-    seconds: float
-    data_wait: float
-    keys: list[bytes] = field(default_factory=list)
-    """This rank's sequence keys."""
-    local_tokens: int = 0
-    """This rank's label tokens (the rest of the fields are summed over every rank)."""
-    optimizer_step: bool = True
-    """The optimizer stepped (the last micro-step of a gradient-accumulation window)."""
-
-
-LAST_STEPS = 10
-"""Steps the summary's ``last_loss`` averages over."""
-
-
-@dataclass(slots=True)
-class Progress:
-    """Run-wide counters, saved in the checkpoint, so a resumed session continues them."""
-
-    publication: str
-    """The manifest publication the counters (and the checkpoint's offsets) belong to."""
-    step: int = 0
-    first_loss: float | None = None
-    last_loss: float | None = None
-    sequences: int = 0
-    tokens: int = 0
-    session_sequences: int = 0
-    """This session's share (not saved: a new session starts it at 0)."""
-    session_tokens: int = 0
-    rank_tokens: int = 0
-    """This rank's share of ``session_tokens``."""
-    recent: list[tuple[float, int]] = field(default_factory=list)
-    """(loss, label tokens) of the last ``LAST_STEPS`` steps: ``last_loss`` is their token-weighted
-    mean, so a final step over a few real tokens (a padded tail) does not stand for the run's end."""
-
-    def update(self, s: StepStats) -> None:
-        self.step = s.step
-        self.first_loss = s.loss if self.first_loss is None else self.first_loss
-        self.recent = [*self.recent, (s.loss, s.tokens)][-LAST_STEPS:]
-        weight = sum(t for _, t in self.recent)
-        self.last_loss = sum(loss * t for loss, t in self.recent) / weight if weight else s.loss
-        self.sequences += s.rows
-        self.tokens += s.tokens
-        self.session_sequences += s.rows
-        self.session_tokens += s.tokens
-        self.rank_tokens += s.local_tokens
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "first_loss": self.first_loss, "last_loss": self.last_loss,
-                "sequences": self.sequences, "tokens": self.tokens, "manifest": self.publication,
-                "recent": self.recent}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.first_loss = state["step"], state.get("first_loss")
-        self.last_loss = state.get("last_loss")
-        self.recent = [(float(loss), int(t)) for loss, t in state.get("recent", [])]
-        self.sequences, self.tokens = state.get("sequences", 0), state.get("tokens", 0)
-
-
 def ds_config(recipe: TrainRecipe, total_steps: int, scheduled: bool = True) -> dict[str, Any]:
     """DeepSpeed's config; not ``scheduled``: the recipe's LR throughout, no warm-up."""
     config: dict[str, Any] = {
@@ -144,6 +80,12 @@ def ds_config(recipe: TrainRecipe, total_steps: int, scheduled: bool = True) -> 
             "total_num_steps": max(total_steps, recipe.warmup_steps + 1), "warmup_num_steps": recipe.warmup_steps,
             "warmup_min_ratio": 0.0, "cos_min_ratio": recipe.min_lr_ratio}}
     return config
+
+
+def dist_backend(cuda: bool) -> str:
+    """The process group's backends: NCCL for the model's CUDA tensors, and gloo for the trainer's own
+    small CPU tensors (the step's row and token counts, expert loads, flags), which NCCL cannot reduce."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
 def special_ids(manifest: Manifest) -> tuple[int, int]:
@@ -211,7 +153,9 @@ class Trainer:
         from training.metrics import Metrics
         from training.model import ExpertLoad, balance_stats, build_model
 
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        deepspeed.init_distributed(dist_backend=dist_backend(torch.cuda.is_available()))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.args, self.manifest, self.recipe = args, read_manifest(args.manifest), resolve_recipe(args)
@@ -236,6 +180,10 @@ class Trainer:
         self.progress = Progress(publication=self.manifest.publication)
         self.data_state: dict[str, Any] = {}
         self.saved_step = -1
+        self.window = 0
+        """Micro-steps since the last optimizer step (checkpoints are taken only at 0)."""
+        self.window_keys: list[tuple[int, list[bytes]]] = []
+        """This window's (step, keys), written to the keys audit log when its optimizer step runs."""
         self._resume()
         self.loads = ExpertLoad(self.engine.module)
         self.balance = balance_stats([])
@@ -274,16 +222,9 @@ class Trainer:
         local = torch.tensor([len(keys), mine], dtype=torch.float64)
         dist.all_reduce(local)  # a sync point: every rank learns whether anyone still has data
         rows, tokens = int(local[0]), float(local[1])
-        if rows == 0:
-            return None
-        device = self.engine.device
-        # attention_mask=None + per-document position_ids: block-diagonal causal attention
-        out = self.engine(input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False)
-        s = loss_sum(out.logits, labels)
-        self.engine.backward(s / max(tokens, 1.0) * self.world)  # DeepSpeed averages over ranks
-        stepped = self.engine.global_steps
-        self.engine.step()
-        stepped = self.engine.global_steps != stepped
+        if rows == 0:  # every rank is out of data
+            return self._close_window(t0) if self.window else None
+        s, stepped = self._micro_step(input_ids, labels, position_ids, tokens)
         if pending is not None:
             self.source.commit(pending)
         total = torch.tensor([float(s.detach())], dtype=torch.float64)
@@ -292,6 +233,34 @@ class Trainer:
                          tokens=int(tokens), seconds=time.perf_counter() - t0,
                          data_wait=self.source.wait_seconds - w0, keys=keys, local_tokens=mine,
                          optimizer_step=stepped)
+
+    def _micro_step(self, input_ids: Any, labels: Any, position_ids: Any, tokens: float) -> tuple[Any, bool]:
+        """Forward, backward and DeepSpeed's step of one micro-batch; (loss sum, whether the optimizer stepped).
+        The optimizer steps on the last micro-step of every ``grad_accum_steps`` window."""
+        device = self.engine.device
+        # attention_mask=None + per-document position_ids: block-diagonal causal attention
+        out = self.engine(input_ids=input_ids.to(device), position_ids=position_ids.to(device), use_cache=False)
+        s = loss_sum(out.logits, labels)
+        self.engine.backward(s / max(tokens, 1.0) * self.world)  # DeepSpeed averages over ranks
+        before = self.engine.global_steps
+        self.engine.step()
+        stepped = self.engine.global_steps != before
+        self.window = 0 if stepped else self.window + 1
+        return s, stepped
+
+    def _close_window(self, t0: float) -> StepStats:
+        """The data ended inside an accumulation window: fully masked micro-steps (zero loss, zero gradient)
+        on every rank carry it to its boundary, so the optimizer steps on the window's real micro-batches
+        (each weighted 1/grad_accum_steps, as in a full window) and no trained sequence is left unstepped."""
+        padding = 0
+        while self.window:
+            input_ids, labels, position_ids, _, self.loads.real = to_tensors(None, self.manifest.seq_len, self.pad_id)
+            self._micro_step(input_ids, labels, position_ids, 1.0)
+            padding += 1
+        log.info("data ended %d micro-steps into an accumulation window of %d: padded it and stepped",
+                 self.recipe.grad_accum_steps - padding, self.recipe.grad_accum_steps)
+        return StepStats(step=self.progress.step, loss=0.0, rows=0, tokens=0, seconds=time.perf_counter() - t0,
+                         data_wait=0.0, optimizer_step=True, padding=padding)
 
     def after_step(self, stats: StepStats) -> None:
         """Expert balancing, counters, metrics and the keys log."""
@@ -306,18 +275,30 @@ class Trainer:
             if self.recipe.bias_update_speed > 0:
                 update_bias(self.engine.module, expert, self.recipe.bias_update_speed)
             self.balance = balance_stats(expert)
-        self.progress.update(stats)
-        self.metrics.log(stats.step, {
-            "loss": stats.loss, "lr": self.engine.get_lr()[0], "tokens_per_s": stats.tokens / stats.seconds,
-            "data_wait_fraction": stats.data_wait / stats.seconds, "sequences_done": self.progress.sequences,
-            **self.balance})
-        if self.keys_log:
-            self.keys_log.write(json.dumps({"step": stats.step, "keys": [k.decode() for k in stats.keys]}) + "\n")
-            self.keys_log.flush()
+        if not stats.padding:
+            self.progress.update(stats)
+            self.metrics.log(stats.step, {
+                "loss": stats.loss, "lr": self.engine.get_lr()[0], "tokens_per_s": stats.tokens / stats.seconds,
+                "data_wait_fraction": stats.data_wait / stats.seconds, "sequences_done": self.progress.sequences,
+                "optimizer_steps": self.engine.global_steps, **self.balance})
+            self.window_keys.append((stats.step, stats.keys))
+        if stats.optimizer_step:
+            self._log_trained_keys()
 
-    def checkpoint_due(self) -> bool:
-        e = self.engine
-        return bool(e.is_gradient_accumulation_boundary() and e.global_steps % self.recipe.checkpoint_every == 0)
+    def _log_trained_keys(self) -> None:
+        """The keys audit log: a window's keys are written once its optimizer step ran (a trainer killed
+        inside a window trained none of them: its resume trains them again)."""
+        if self.keys_log:
+            for step, keys in self.window_keys:
+                self.keys_log.write(json.dumps({"step": step, "optimizer_step": self.engine.global_steps,
+                                                "keys": [k.decode() for k in keys]}) + "\n")
+            self.keys_log.flush()
+        self.window_keys = []
+
+    def checkpoint_due(self, stats: StepStats) -> bool:
+        """Only on an optimizer step: between two, the offsets are past batches whose gradients exist only
+        in memory, and a resume from there would skip them."""
+        return stats.optimizer_step and self.engine.global_steps % self.recipe.checkpoint_every == 0
 
     def checkpoint(self) -> None:
         """Model, optimizer, scheduler, every rank's offsets and the progress counters; then the
@@ -340,15 +321,26 @@ class Trainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
+    def _data_state(self) -> dict[str, Any]:
+        """Every rank's data state merged (a collective)."""
+        import torch.distributed as dist
+
+        states: list[Any] = [None] * self.world
+        dist.all_gather_object(states, self.source.state_dict())
+        return checkpoint.merge_states(states)
+
     def train(self) -> dict[str, Any]:
         t_start, wait_start = time.perf_counter(), self.source.wait_seconds
-        while self.args.max_steps is None or self.progress.step < self.args.max_steps:
-            stats = self.train_step()
+        stats: StepStats | None = None
+        while self.window or self.args.max_steps is None or self.progress.step < self.args.max_steps:
+            stats = self.train_step()  # --max-steps inside a window: the window is finished first
             if stats is None:
                 break
             self.after_step(stats)
-            if self.checkpoint_due():
+            if self.checkpoint_due(stats):
                 self.checkpoint()
+        if stats is None:  # the data ended (not --max-steps): every sequence of the manifest, exactly
+            verify_consumed(self._data_state(), self.manifest)
         if self.saved_step != self.progress.step or not self.data_state or self._offsets_moved():
             self.checkpoint()
         return self.finish(time.perf_counter() - t_start, self.source.wait_seconds - wait_start)
@@ -366,7 +358,8 @@ class Trainer:
         dist.all_gather_object(per_rank, {"rank": self.rank, "partitions": self.source.partitions,
                                           "tokens_this_session": self.progress.rank_tokens})
         p, f = self.progress, self.files
-        summary = {"steps": p.step, "sequences_this_session": p.session_sequences,
+        summary = {"steps": p.step, "optimizer_steps": self.engine.global_steps,
+                   "sequences_this_session": p.session_sequences,
                    "tokens_this_session": p.session_tokens, "sequences_consumed": p.sequences,
                    "tokens_consumed": p.tokens,
                    "sequences_published": self.manifest.sequences, "first_loss": p.first_loss,
@@ -374,8 +367,9 @@ class Trainer:
                    "checkpoint": str(f.checkpoints), "next_offsets": self.data_state["next_offsets"],
                    "world_size": self.world, "ranks": per_rank, "group_id": self.group_id, "topic": self.manifest.topic,
                    "recipe": self.recipe.name, "init_from": self.args.init_from}
+        exported = export(self.engine, self.manifest, f)  # every rank: ZeRO-3 gathers the weights
         if self.rank == 0:
-            summary["export"] = str(export(self.engine.module, self.manifest, f))
+            summary["export"] = str(exported)
             rows = read_metrics(f.metrics)
             if rows:
                 summary["loss_curve"] = str(plot_loss(rows, f.loss_curve))
@@ -386,10 +380,3 @@ class Trainer:
             self.keys_log.close()
         dist.barrier()
         return summary
-
-
-def export(model: Any, manifest: Manifest, files: TrainerFiles) -> Path:
-    """An HF folder loadable offline by ``AutoModelForCausalLM.from_pretrained`` (+ the tokenizer file)."""
-    model.save_pretrained(str(files.export), safe_serialization=True)
-    shutil.copy(manifest.tokenizer_path, files.export / "tokenizer.json")
-    return files.export

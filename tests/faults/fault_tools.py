@@ -12,9 +12,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from trainer_tools import committed_keys
+
 from stoker import kafka as skafka
 from stoker import paths, records
-from stoker.local import broker
 from stoker.manifest import read_manifest
 
 
@@ -68,18 +69,6 @@ def await_publishing(kafka_config: dict, topic: str, proc: subprocess.Popen, tim
             pass
         time.sleep(0.2)
     raise AssertionError(f"{topic}: no record published within {timeout}s (job exit code {proc.poll()})")
-
-
-def committed_keys(bootstrap: str, topic: str) -> list[bytes]:
-    """Every committed key of ``topic``, read by Kafka's own ConsoleConsumer."""
-    cmd = broker.tool_command("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", bootstrap,
-                              "--topic", topic, "--from-beginning", "--timeout-ms", "15000",
-                              "--isolation-level", "read_committed", "--property", "print.key=true",
-                              "--property", "print.value=false", "--property", "key.separator=|")
-    res = subprocess.run(cmd, capture_output=True, timeout=300)
-    keys = [line.strip() for line in res.stdout.splitlines() if line.strip()]
-    assert keys or res.returncode == 0, res.stderr.decode()[-2000:]
-    return keys
 
 
 def assert_exactly_once(kafka_config: dict, run_dir: Path) -> list[bytes]:

@@ -14,9 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fault_tools import assert_exactly_once, await_publishing, committed_keys, submit, write_corpus
+from fault_tools import assert_exactly_once, await_publishing, submit, write_corpus
 from kafka_cluster import ComposeCluster  # tests/kafka_cluster.py
-from trainer_tools import all_keys, await_step, keys_by_step, kill_tree, launch_trainer, publish_run, wait_trainer
+from trainer_tools import (
+    all_keys,
+    await_step,
+    committed_keys,
+    keys_by_step,
+    kill_tree,
+    launch_trainer,
+    publish_run,
+    wait_trainer,
+)
 
 from stoker import kafka as skafka
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_tools import committed_keys  # tests/faults/fault_tools.py
+from trainer_tools import committed_keys
 
 from stoker import kafka as skafka
 from stoker.layout import RunLayout, consumer_group

@@ -81,17 +81,68 @@ def test_caught_up_returns_the_trainer(tmp_path):
     assert out["consumed"] is True and out["topic"] == "stoker.c.20261201.a1"
 
 
-def test_pruning_keeps_the_newest_checkpoints_and_never_the_latest_one(tmp_path):
-    from training.checkpoint import prune
+def test_pruning_keeps_the_newest_complete_checkpoints_and_removes_the_rest(tmp_path):
+    from stoker.layout import CHECKPOINT_COMPLETE
+    from training.checkpoint import has_checkpoint, prune
 
-    for step in (3, 6, 9, 12):
+    for step in (3, 6, 9, 12, 15):
         (tmp_path / f"step{step:08d}").mkdir()
         (tmp_path / f"step{step:08d}" / "model.pt").write_bytes(b"w")
     (tmp_path / "other").mkdir()  # not a checkpoint: left alone
-    (tmp_path / "latest").write_text("step00000003")  # e.g. a resume point older than newer leftovers
-    assert prune(tmp_path, 2) == ["step00000006"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "other", "step00000003", "step00000009",
-                                                          "step00000012"]
-    (tmp_path / "latest").write_text("step00000012")
-    assert prune(tmp_path, 1) == ["step00000003", "step00000009"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "other", "step00000012"]
+    assert not has_checkpoint(tmp_path) and prune(tmp_path, 2) == []  # nothing complete: nothing goes
+    for step in (3, 6, 9):
+        (tmp_path / f"step{step:08d}" / CHECKPOINT_COMPLETE).write_text("{}")
+    # 12 and 15: a killed life's tags that some rank never finished (DeepSpeed's `latest` may name one)
+    (tmp_path / "latest").write_text("step00000015")
+    assert prune(tmp_path, 2) == ["step00000003", "step00000012", "step00000015"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "other", "step00000006", "step00000009"]
+    assert prune(tmp_path, 1) == ["step00000006"]
+
+
+def test_the_consumed_counts_must_equal_the_manifests():
+    from training.data.kafka_source import DataLost, verify_consumed
+
+    m = _manifest()
+    verify_consumed({"next_offsets": {"0": 100}, "consumed": {"0": 100}}, m)
+    with pytest.raises(DataLost, match=r"partition 0: read 60 of 100 sequences in offsets \[0, 100\), next offset "
+                                       r"100\. Records were deleted"):
+        verify_consumed({"next_offsets": {"0": 100}, "consumed": {"0": 60}}, m)
+    with pytest.raises(DataLost, match=r"read 100 of 100 sequences in offsets \[0, 100\), next offset 90"):
+        verify_consumed({"next_offsets": {"0": 90}, "consumed": {"0": 100}}, m)
+
+
+def _trainer_processes(files: TrainerFiles) -> list:
+    """A running 'trainer' as the launcher leaves it: a shell in its own session (the process record),
+    and a 'rank' in a session of its own that carries the trainer's tag, as torch elastic starts ranks."""
+    import os
+    import subprocess
+
+    from stoker.process import TAG_VAR
+
+    shell = files.process.spawn(["sleep", "600"], log=files.folder / "trainer.log")
+    rank = subprocess.Popen(["sleep", "600"], env={**os.environ, TAG_VAR: str(files.folder)}, start_new_session=True)
+    return [shell, rank]
+
+
+@pytest.mark.parametrize("event, failure", [
+    ({"status": "timeout", "lag": 5, "partitions": {"0": 5}}, None),
+    ({"status": "trainer_stopped_early", "lag": 5, "partitions": {"0": 5}}, None),
+    ({"status": "trainer_failed", "rc": 1, "lag": 5},
+     {"reason": "data_lost", "message": "partition 0: offset 3 is gone"}),
+    ({"status": "trainer_failed", "rc": 1, "lag": 5}, None),  # on its last try
+])
+def test_a_task_that_fails_for_good_stops_its_trainer(tmp_path, event, failure):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stoker.manifest import read_manifest
+
+    op = _operator(tmp_path, retries=1)
+    files = op._launcher(read_manifest(op.manifest_path)).files
+    procs = _trainer_processes(files)
+    if failure:
+        files.failure.write_text(json.dumps(failure))
+    with pytest.raises(AirflowFailException) as e:
+        op.execute_complete({"ti": SimpleNamespace(try_number=1 if failure else 2)}, event)
+    assert [p.wait(timeout=60) for p in procs]  # both ended (by a signal), none left training
+    if failure:  # the trainer's own word wins: no relaunch is offered for data that is gone
+        assert "partition 0: offset 3 is gone" in str(e.value)

@@ -45,7 +45,7 @@ def test_a_night_with_no_usable_document_skips_training_and_the_report_says_why(
 
 
 def test_the_summarys_last_loss_is_not_one_nearly_empty_final_step():
-    from training.trainer import LAST_STEPS, Progress, StepStats
+    from training.progress import LAST_STEPS, Progress, StepStats
 
     p = Progress(publication="c/2026-12-01@t")
     for step in range(1, 31):

@@ -1,0 +1,152 @@
+"""The trainer in the shapes users run, on the real broker: gradient accumulation (both GPU recipes
+accumulate) under ZeRO 1, 2 and 3, killed at a random micro-step inside a window and resumed.
+
+Every key is trained once, counted against Kafka's own ConsoleConsumer, and only keys whose optimizer
+step ran count as trained; the optimizer steps equal an uninterrupted run's (the last, partial window is
+stepped too); a checkpoint is only ever taken on an optimizer step."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from trainer_tools import (
+    await_step,
+    committed_keys,
+    keys_by_step,
+    kill_tree,
+    launch_logs,
+    launch_trainer,
+    publish_run,
+    wait_trainer,
+)
+
+from stoker import kafka as skafka
+from stoker.records import make_key
+
+pytestmark = pytest.mark.integration
+PARTITIONS, PER_PARTITION, ACCUM = 4, 41, 4
+MICRO_STEPS = PARTITIONS * PER_PARTITION // 4  # 2 ranks x 2 sequences a micro-step: 41, the last window short
+
+
+@pytest.fixture(scope="module")
+def published(kafka_config, sample_corpus, tmp_path_factory):
+    """One run topic for the module (each test trains it under a group of its own), and the keys Kafka's
+    own ConsoleConsumer reads from it: the reference."""
+    folder = tmp_path_factory.mktemp("run")
+    m = publish_run(kafka_config, sample_corpus["tokenizer"], folder, partitions=PARTITIONS,
+                    per_partition=PER_PARTITION)
+    reference = sorted(k.decode() for k in committed_keys(kafka_config["bootstrap.servers"], m.topic))
+    assert len(reference) == m.sequences
+    yield m, folder / "manifest.json", kafka_config, reference
+    skafka.delete_topics(kafka_config, [m.topic])
+
+
+@pytest.fixture()
+def run(kafka_config, sample_corpus, tmp_path):
+    """A topic of this test's own (it is hurt)."""
+    m = publish_run(kafka_config, sample_corpus["tokenizer"], tmp_path / "run", partitions=PARTITIONS,
+                    per_partition=PER_PARTITION)
+    yield m, tmp_path / "run" / "manifest.json", kafka_config
+    skafka.delete_topics(kafka_config, [m.topic])
+
+
+def rows(out: Path, suffix: str = ".jsonl") -> list[dict]:
+    """Every row of the keys audit logs, with its rank."""
+    found = []
+    for f in sorted(out.glob(f"keys.*{suffix}")):
+        for line in f.read_text().splitlines():
+            try:
+                found.append({"rank": int(f.name.split(".")[1]), **json.loads(line)})
+            except json.JSONDecodeError:  # a killed rank's torn last line
+                continue
+    return found
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, tmp_path, zero):
+    m, path, kafka_config, reference = published
+    shape = ["--set", f"grad_accum_steps={ACCUM}", "--set", f"zero_stage={zero}", "--checkpoint-every", "2",
+             "--group-id", f"accum-{zero}", *(["--set", "bf16=true"] if zero == 2 else [])]  # as the GPU recipes
+    out = tmp_path / "train"
+    kill_at = random.Random().choice([s for s in range(11, 31) if s % ACCUM])  # past the first checkpoint (8)
+    proc = launch_trainer(path, out, kafka_config, 2, *shape)
+    await_step(out, kill_at, proc)
+    kill_tree(proc)
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    ckpt_step = int(latest.removeprefix("step"))
+    assert ckpt_step % ACCUM == 0, f"checkpoint {latest} taken inside an accumulation window (killed at {kill_at})"
+    first = rows(out)
+    # a window's keys are logged only once its optimizer step ran: none of the killed window's
+    assert all(r["step"] <= r["optimizer_step"] * ACCUM for r in first), first[-2:]
+    for f in out.glob("keys.*.jsonl"):
+        f.rename(f.with_suffix(".first"))
+
+    wait_trainer(launch_trainer(path, out, kafka_config, 2, *shape), out)
+    second = rows(out)
+    assert min(r["step"] for r in second) == ckpt_step + 1, launch_logs(out)
+    trained = [k for r in rows(out, ".first") if r["step"] <= ckpt_step for k in r["keys"]]
+    trained += [k for r in second for k in r["keys"]]
+    assert sorted(trained) == reference  # every key once, none twice
+    summary = json.loads((out / "train_summary.json").read_text())
+    # an uninterrupted run steps once per window, the last (short) one included
+    assert summary["optimizer_steps"] == math.ceil(MICRO_STEPS / ACCUM), summary
+    assert max(r["optimizer_step"] for r in second) == math.ceil(MICRO_STEPS / ACCUM)
+    # and the batches are the uninterrupted run's: rank r trains partitions r and r+2, s-th record of each
+    by_rank_step = {(r["rank"], r["step"]): r["keys"] for r in second}
+    assert by_rank_step == {(r, s): [make_key(0, 4 * (s - 1) + p).decode() for p in (r, r + 2)]
+                            for r in (0, 1) for s in range(ckpt_step + 1, MICRO_STEPS + 1)}
+    committed = skafka.committed_offsets(kafka_config, f"accum-{zero}", m.topic, range(PARTITIONS))
+    assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
+    if zero == 2:  # under bf16 the routers' selection biases stay fp32 (DeepSpeed casts parameters, not buffers):
+        from safetensors import safe_open  # in bf16 a bias >= 0.5 could not move by gamma = 1e-3
+
+        with safe_open(str(Path(summary["export"]) / "model.safetensors"), "pt") as f:
+            dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        assert {d for k, d in dtypes.items() if k.endswith("e_score_correction_bias")} == {"F32"}
+        assert dtypes["model.embed_tokens.weight"] == "BF16"
+    if zero == 3:  # the export holds the gathered weights, not ZeRO-3's empty placeholders
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(summary["export"], local_files_only=True)
+        assert all(p.numel() > 0 for p in model.parameters())
+        assert model.model.embed_tokens.weight.shape == (m.vocab_size, 256)
+
+
+def test_max_steps_inside_a_window_finishes_the_window(published, tmp_path):
+    """``--max-steps`` that falls inside a window trains to the window's end: the checkpoint it leaves is
+    on an optimizer step, and the keys it logs are exactly the ones stepped."""
+    m, path, kafka_config, _ = published
+    out = tmp_path / "train"
+    wait_trainer(launch_trainer(path, out, kafka_config, 2, "--set", f"grad_accum_steps={ACCUM}",
+                                "--max-steps", "6", "--group-id", "accum-max"), out)
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step00000008"
+    assert sorted(keys_by_step(out)) == list(range(1, 9))
+    assert json.loads((out / "train_summary.json").read_text())["optimizer_steps"] == 2
+
+
+def test_records_deleted_before_training_read_them_fail_the_night(run, tmp_path):
+    """Retention deleted the start of a partition before the trainer read it (here: DeleteRecords, the
+    same log-start move). The trainer must not jump to the end and report lag 0: it fails naming the
+    partition and offsets, says no relaunch can help, and leaves the group's offsets short of the end."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from stoker.layout import TrainerFiles
+
+    m, path, kafka_config = run
+    admin = AdminClient(kafka_config)  # held: a collected client never completes its futures
+    for f in admin.delete_records([TopicPartition(m.topic, 1, 20)]).values():
+        f.result(30)
+    out = tmp_path / "train"
+    proc = launch_trainer(path, out, kafka_config, 2, "--group-id", "expired")
+    assert proc.wait(timeout=600) != 0, launch_logs(out)
+    failure = json.loads(TrainerFiles(out).failure.read_text())
+    assert failure["reason"] == "data_lost"
+    assert f"{m.topic} partition 1: offset 0 is no longer in the topic (its earliest offset is now 20" in \
+        failure["message"], failure
+    committed = skafka.committed_offsets(kafka_config, "expired", m.topic, range(PARTITIONS))
+    assert skafka.compute_lag(m.end_offsets(), committed).lag > 0
