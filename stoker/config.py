@@ -20,6 +20,9 @@ from stoker.exceptions import ConfigError
 from stoker.schema import build, jsonable
 from stoker.schema import fail as _fail
 
+NODE_SHELL = "ssh -tt -o ServerAliveInterval=15 -o ServerAliveCountMax=4 {host}"
+"""How a command reaches another training node by default (``train.node_shell``)."""
+
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SCHEMES = ("file", "s3", "s3a", "hdfs")
 _FORMATS = ("jsonl", "text", "parquet")
@@ -246,8 +249,11 @@ class TrainConfig:
     ``world_size / len(nodes)`` ranks and must see the project and the run folder at the same paths."""
     launcher: str = "torchrun"
     """``torchrun`` or ``deepspeed`` (DeepSpeed's launcher; over several nodes it uses pdsh/ssh itself)."""
-    node_shell: str = "ssh {host}"
-    """How a torchrun reaches a node that is not this machine."""
+    node_shell: str = NODE_SHELL
+    """How a torchrun reaches a node that is not this machine. The default forces a remote terminal
+    (``-tt``), so the node's launcher gets a hang-up when the ssh client dies, and keepalives, so a
+    lost connection is noticed within a minute; the task also stops what a try left on each node
+    (``python -m stoker.process stop-tagged``) before it relaunches."""
     line: str = ""
     """The model line this corpus's nights continue (default: the corpus name). Several corpora may
     feed one line; its nights train one at a time (an Airflow pool of one slot per line)."""

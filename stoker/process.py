@@ -92,6 +92,42 @@ class ProcessRecord:
         return pid is not None
 
 
+TAG_VAR = "STOKER_PROCESS_TAG"
+"""An environment entry a launcher sets for a process tree it starts (the trainer: its folder). Every
+descendant inherits it, also one that left the tree: torch elastic starts each rank in a session of its
+own, so a rank whose launcher was killed is reparented and out of reach of the launcher's group."""
+
+
+def tagged(tag: str) -> list[int]:
+    """Pids of the live processes of this host whose environment carries ``TAG_VAR=tag``."""
+    needle, found = f"{TAG_VAR}={tag}".encode(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in env.split(b"\0") and start_ticks(int(d.name)) is not None:
+            found.append(int(d.name))
+    return found
+
+
+def stop_tagged(tag: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> list[int]:
+    """Stop every process carrying ``tag`` (TERM, then KILL after ``grace`` s); the pids found."""
+    pids = tagged(tag)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(start_ticks(p) is not None for p in pids):
+        time.sleep(0.1)
+    for pid in tagged(tag):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def _group_and_descendants(pid: int) -> list[Any]:
     import psutil
 
@@ -135,3 +171,22 @@ def _stop_group(pid: int, sig: int, grace: float) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stoker.process stop-tagged TAG``: what a launcher runs on another node to stop what it
+    started there (a trainer's ranks) before anything is relaunched."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m stoker.process")
+    ap.add_argument("command", choices=["stop-tagged"])
+    ap.add_argument("tag")
+    ap.add_argument("--grace", type=float, default=30.0)
+    ns = ap.parse_args(argv)
+    pids = stop_tagged(ns.tag, grace=ns.grace)
+    print(json.dumps({"host": socket.gethostname(), "stopped": pids}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

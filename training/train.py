@@ -15,7 +15,9 @@ import argparse
 import json
 import logging
 import os
+from pathlib import Path
 
+from training.data.kafka_source import DataLost
 from training.trainer import TrainArgs, Trainer
 
 
@@ -51,7 +53,15 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = Trainer(parse_args(argv)).train()
+    args = parse_args(argv)
+    try:
+        summary = Trainer(args).train()
+    except DataLost as e:  # no relaunch can fix it: say so where the train task looks
+        from stoker.layout import TrainerFiles
+        from stoker.manifest import atomic_write_json
+
+        atomic_write_json(TrainerFiles(Path(args.out)).failure, {"reason": "data_lost", "message": str(e)})
+        raise
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: summary.get(k) for k in ("steps", "first_loss", "last_loss", "export")}))
     return 0

@@ -14,14 +14,17 @@ import os
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stoker import paths
+from stoker.config import NODE_SHELL
 from stoker.layout import TrainerFiles
 from stoker.manifest import Manifest
+from stoker.process import TAG_VAR, stop_tagged
 
 log = logging.getLogger("stoker.launcher")
 
@@ -44,12 +47,17 @@ class Placement:
     world_size: int
     launcher: str = "torchrun"
     nodes: list[str] = field(default_factory=list)
-    node_shell: str = "ssh {host}"
+    node_shell: str = NODE_SHELL
     """How a command reaches another node (it runs there in the project folder, with the same paths)."""
 
-    def remote(self, host: str, cmd: list[str]) -> list[str]:
-        here = f"cd {shlex.quote(str(paths.project_root()))} && {REMOTE_ENV} {shlex.join(cmd)}"
+    def remote(self, host: str, cmd: list[str], tag: str | None = None) -> list[str]:
+        """``cmd`` on ``host``, its processes tagged ``tag`` there (see :func:`stoker.process.stop_tagged`)."""
+        env = f"{REMOTE_ENV} {TAG_VAR}={shlex.quote(tag)}" if tag else REMOTE_ENV
+        here = f"cd {shlex.quote(str(paths.project_root()))} && {env} {shlex.join(cmd)}"
         return [*shlex.split(self.node_shell.format(host=host)), here]
+
+    def remote_hosts(self) -> list[str]:
+        return [h for h in self.nodes if h not in LOCAL_HOSTS]
 
 
 REMOTE_ENV = "env HF_HUB_OFFLINE=1"
@@ -125,7 +133,33 @@ class TrainerLauncher:
         run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(placement.nodes)),
                "--nproc_per_node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                "--rdzv-id", self.files.folder.name, "-m", TRAIN_MODULE, *args]
-        return [run if host in LOCAL_HOSTS else placement.remote(host, run) for host in placement.nodes]
+        tag = str(self.files.folder)
+        return [run if host in LOCAL_HOSTS else placement.remote(host, run, tag) for host in placement.nodes]
+
+    def stop(self, placement: Placement | None = None, grace: float = 30.0) -> list[int]:
+        """Stop every process of this trainer: the launcher's group and descendants, the ranks that left
+        it (torch elastic gives each rank a session of its own, so a killed launcher orphans them: they
+        carry the trainer's tag), and what runs on the other nodes. Before any relaunch, and when the
+        train task fails for good: two trainers on one checkpoint folder and group must never run."""
+        self.files.process.stop(grace=grace)
+        stopped = stop_tagged(str(self.files.folder), grace=grace)
+        if placement is not None:
+            for host in placement.remote_hosts():
+                self._stop_remote(placement, host, grace)
+        if stopped:
+            log.info("stopped %d processes of trainer %s that had left its launcher: %s", len(stopped),
+                     self.files.folder, stopped)
+        return stopped
+
+    def _stop_remote(self, placement: Placement, host: str, grace: float) -> None:
+        tag = str(self.files.folder)
+        cmd = placement.remote(host, [sys.executable, "-m", "stoker.process", "stop-tagged", tag, "--grace",
+                                      str(grace)])
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=grace + 60, stdin=subprocess.DEVNULL)
+            log.info("stopped on %s: %s", host, res.stdout.strip() or res.stderr.strip()[-500:])
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("could not reach %s to stop the trainer's processes there: %s", host, e)
 
     def start(self, manifest: Manifest, cmd: list[str] | list[list[str]], env: dict[str, str],
               world_size: int) -> int:
@@ -136,6 +170,7 @@ class TrainerLauncher:
         cmds: list[list[str]] = cmd if cmd and isinstance(cmd[0], list) else [cmd]  # type: ignore[list-item]
         threads = max(1, (os.cpu_count() or 1) // world_size)
         full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+                    TAG_VAR: str(f.folder),
                     "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
                                                            str(paths.cache_dir() / "torch-extensions")),
                     **env}

@@ -12,9 +12,10 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from stoker import paths
+from stoker.config import NODE_SHELL
 from stoker_airflow.hooks import StokerKafkaHook
 from stoker_airflow.launcher import LOCAL_HOSTS, Placement
-from stoker_airflow.lines import LineSettings, check_before_publish, fixed_parent, join_line, trainer_args
+from stoker_airflow.lines import LineSettings, check_before_publish, join_line, launch_parent, trainer_args
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -206,6 +207,13 @@ class RunReportOperator(BaseOperator):
         return {k: s[k] for k in ("run_id", "topic", "docs_in", "docs_kept", "tokens", "sequences")}
 
 
+def _read_failure(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 class DeepSpeedTrainOperator(BaseOperator):
     """Launches the trainer on the run's topic, detached, and follows it to the end, deferred: a
     training run can take hours and must not hold a worker slot.
@@ -226,7 +234,7 @@ class DeepSpeedTrainOperator(BaseOperator):
                  launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
                  extra_args: list[str] | None = None, poll_interval: float = 5.0, timeout_s: float = 24 * 3600,
                  log_keys: bool = False, line: dict[str, str] | None = None, nodes: list[str] | None = None,
-                 node_shell: str = "ssh {host}", **kwargs: Any) -> None:
+                 node_shell: str = NODE_SHELL, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if world_size < 1:
             raise ValueError(f"world_size = {world_size}: must be >= 1")
@@ -247,6 +255,10 @@ class DeepSpeedTrainOperator(BaseOperator):
         if self.nodes and world_size % len(self.nodes):
             raise ValueError(f"world_size = {world_size}: must be a multiple of the {len(self.nodes)} nodes")
         """The model line (``LineSettings``) the night continues; None: a model of its own."""
+
+    def _placement(self) -> Placement:
+        return Placement(world_size=self.world_size, launcher=self.launcher, nodes=self.nodes,
+                         node_shell=self.node_shell)
 
     def _launcher(self, m: Any) -> Any:
         from stoker.layout import RunLayout
@@ -270,14 +282,17 @@ class DeepSpeedTrainOperator(BaseOperator):
             raise AirflowSkipException(skipped)
         launcher = self._launcher(m)
         launcher.adopt_or_reset(m)
+        placement = self._placement()
         if launcher.running():
             self.log.info("trainer already running (pid %s): following it", launcher.pid())
         else:
+            launcher.stop(placement)  # what an earlier try left: ranks orphaned by a killed launcher, remote ranks
+            launcher.files.failure.unlink(missing_ok=True)
             config = StokerKafkaHook(self.kafka_config_id).subprocess_config()
             extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if self.log_keys else [])]
             if self.line:
                 settings = LineSettings(**self.line)
-                parent = fixed_parent(settings, launcher.files, m.ds)
+                parent = launch_parent(settings, launcher.files, m)
                 self.log.info("night %s of line %s starts from %s", m.ds, settings.line, parent.describe())
                 extra += trainer_args(settings, parent)
             env = {"STOKER_KAFKA_CONFIG": json.dumps(config)}
@@ -285,8 +300,6 @@ class DeepSpeedTrainOperator(BaseOperator):
                 launcher.files.folder.mkdir(parents=True, exist_ok=True)
                 paths.write_private(launcher.files.secrets, json.dumps(env))
                 extra += ["--secrets-file", str(launcher.files.secrets)]
-            placement = Placement(world_size=self.world_size, launcher=self.launcher, nodes=self.nodes,
-                                  node_shell=self.node_shell)
             cmd = launcher.commands(self.manifest_path, self.recipe, placement, extra)
             pid = launcher.start(m, cmd, env, self.world_size)
             self.log.info("trainer started (pid %d, %d ranks, try %d): %s; log %s", pid, self.world_size,
@@ -309,9 +322,14 @@ class DeepSpeedTrainOperator(BaseOperator):
             night = join_line(LineSettings(**self.line), m, launcher.files) if self.line else None
             return {**launcher.describe(m.topic), "consumed": True, "line_night": str(night.folder) if night else None}
         why = lag_failure(event, m, consumer_group(m.topic), launcher.files, self.timeout_s)
+        failure = _read_failure(launcher.files.failure)
+        tries, restarts = context["ti"].try_number, self.retries or 0
+        if event["status"] != "trainer_failed" or failure or tries > restarts:
+            launcher.stop(self._placement())  # failed for good: no trainer may go on training the night
+        if failure:  # the trainer's own word: a relaunch cannot fix it (data deleted before it was read)
+            raise AirflowFailException(f"{failure.get('message')} (trainer log: {launcher.files.log})")
         if event["status"] != "trainer_failed":
             raise AirflowFailException(why)  # a relaunch cannot help: timeout, retention, stopped early
-        tries, restarts = context["ti"].try_number, self.retries or 0
         if tries > restarts:
             raise AirflowFailException(f"{why}; no restart left (train.max_restarts = {restarts}): fix the cause "
                                        "and clear this task, it resumes from the last checkpoint")

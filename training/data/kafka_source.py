@@ -8,6 +8,10 @@
   reassigns partitions and carries each partition's offset.
 * Offsets advance only when the trainer calls ``commit(batch)`` after the step that consumed it:
   a batch that was read but not trained on is read again after a restart.
+* Nothing is skipped silently: ``auto.offset.reset=error``, so an offset that retention deleted
+  before it was read is a :class:`DataLost` naming the partition and offsets (librdkafka's default
+  would jump to the end and report lag 0), and the sequences read per partition are counted in the
+  state, so the trainer checks them against the manifest at the end (:func:`verify_consumed`).
 """
 
 from __future__ import annotations
@@ -33,10 +37,34 @@ another partition). Generous on purpose: a paused partition's resume costs a fet
 cap below one fetch response (``max.partition.fetch.bytes``) halved the source's speed."""
 
 
+class DataLost(StokerError):
+    """Sequences of the manifest cannot be trained: deleted before they were read, or missing. A
+    relaunch cannot bring them back (the night must not join its line)."""
+
+
 @dataclass(slots=True)
 class Pending:
     batch: Batch
     next_offsets: dict[int, int]
+    counts: dict[int, int]
+    """Rows of the batch per partition."""
+
+
+def verify_consumed(state: Mapping[str, Any], manifest: Manifest) -> None:
+    """Every partition's read count equals the manifest's, and its next offset is the manifest's end
+    (``state``: the run's merged data state at the end of training)."""
+    consumed, nxt = state.get("consumed"), state["next_offsets"]
+    if consumed is None:  # a checkpoint of an earlier Stoker, which did not count
+        log.warning("the data state has no read counts: the consumed count cannot be checked against the manifest")
+        return
+    wrong = [f"partition {p.partition}: read {consumed.get(str(p.partition), 0)} of {p.sequences} sequences in "
+             f"offsets [{p.start_offset}, {p.end_offset}), next offset {nxt.get(str(p.partition))}"
+             for p in manifest.partitions
+             if consumed.get(str(p.partition), 0) != p.sequences or nxt.get(str(p.partition)) != p.end_offset]
+    if wrong:
+        raise DataLost(f"{manifest.topic}: the trained sequences differ from the manifest's: {'; '.join(wrong)}. "
+                       "Records were deleted (retention.ms) or skipped before training read them: the night "
+                       "cannot be trained exactly and does not join its line; re-publish the date")
 
 
 def assign(partitions: list[int], rank: int, world: int) -> list[int]:
@@ -59,6 +87,9 @@ class KafkaTokenSource:
         self.end = {p.partition: p.end_offset for p in manifest.partitions}
         self.offsets = {p.partition: p.start_offset for p in manifest.partitions}
         self.start = dict(self.offsets)
+        self.consumed: dict[int, int] | None = {p.partition: 0 for p in manifest.partitions}
+        """Sequences read (and committed) per partition since its start offset; None: unknown (a
+        checkpoint of an earlier Stoker)."""
         self.buffer_cap = max(2048, BUFFER_BYTES // ((manifest.seq_len + 1) * records.DTYPES[manifest.dtype].itemsize))
         self.partitions = assign(list(self.end), rank, world)
         self._consumer: Any = None
@@ -74,8 +105,11 @@ class KafkaTokenSource:
 
     # -- Stateful ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"topic": self.manifest.topic, "next_offsets": {str(p): o for p, o in self.offsets.items()},
-                "assignment": {"rank": self.rank, "world": self.world, "partitions": self.partitions}}
+        state = {"topic": self.manifest.topic, "next_offsets": {str(p): o for p, o in self.offsets.items()},
+                 "assignment": {"rank": self.rank, "world": self.world, "partitions": self.partitions}}
+        if self.consumed is not None:
+            state["consumed"] = {str(p): n for p, n in self.consumed.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("topic") != self.manifest.topic:
@@ -86,6 +120,8 @@ class KafkaTokenSource:
             if p not in self.end or not 0 <= o <= self.end[p]:
                 raise StokerError(f"checkpoint offset {o} for partition {p} is outside the run [0, {self.end.get(p)}]")
             self.offsets[p] = int(o)
+        consumed = state.get("consumed")
+        self.consumed = {int(p): int(n) for p, n in consumed.items()} if consumed is not None else None
         self._close()
 
     # -- reading -------------------------------------------------------------------------------
@@ -97,7 +133,7 @@ class KafkaTokenSource:
         from confluent_kafka import Consumer, TopicPartition
 
         conf = dict(self.kafka_config)
-        conf.update({"group.id": self.group_id, "isolation.level": "read_committed",
+        conf.update({"group.id": self.group_id, "isolation.level": "read_committed", "auto.offset.reset": "error",
                      "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "enable.partition.eof": True, "fetch.wait.max.ms": 50})
         self._consumer = Consumer(conf)
@@ -128,6 +164,8 @@ class KafkaTokenSource:
             err = msg.error()
             if err is None:
                 buf[msg.partition()].append(msg)
+            elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                self._lost(msg.partition(), err)
             elif err.code() != KafkaError._PARTITION_EOF:
                 raise StokerError(f"reading {self.manifest.topic}[{msg.partition()}]: {err}")
             elif msg.offset() >= self.end[msg.partition()]:  # only transaction markers lay before here
@@ -136,6 +174,18 @@ class KafkaTokenSource:
         if full:
             self._consumer.pause([TopicPartition(self.manifest.topic, p) for p in full])
             self._paused.update(full)
+
+    def _lost(self, p: int, err: Any) -> None:
+        from stoker import kafka as skafka
+
+        try:
+            earliest = skafka.start_offsets(self.kafka_config, self.manifest.topic).get(p)
+        except Exception:  # noqa: BLE001 - the error below is the news; the earliest offset only helps
+            earliest = None
+        raise DataLost(f"{self.manifest.topic} partition {p}: offset {self._pos[p]} is no longer in the topic (its "
+                       f"earliest offset is now {earliest}; the manifest's range is [{self.start[p]}, {self.end[p]})): "
+                       f"retention deleted records before training read them ({err}). The night cannot be trained "
+                       "exactly and does not join its line: raise the topic's retention.ms and re-publish the date")
 
     def _fill(self, p: int) -> None:
         """Fetch until partition ``p`` has a record buffered or is at its end (buffering the others')."""
@@ -183,6 +233,7 @@ class KafkaTokenSource:
             self._open()
         seqs: list[Any] = []
         keys: list[bytes] = []
+        counts: dict[int, int] = {}
         t0 = time.perf_counter()
         order, buf, pos, start, end = self._order, self._buf, self._pos, self.start, self.end
         seq_len = self.manifest.seq_len
@@ -201,6 +252,7 @@ class KafkaTokenSource:
                 continue
             seqs.append(decode(msg.value(), msg.headers(), seq_len))
             keys.append(msg.key())
+            counts[p] = counts.get(p, 0) + 1
             pos[p] = at + 1
             replace(order, (at + 1 - start[p], p))
         for q in self.partitions:
@@ -210,8 +262,13 @@ class KafkaTokenSource:
         if not seqs:
             self.offsets.update(self._pos)  # every partition of this rank is at its end
             return None
-        return Pending(batch=make_batch(seqs, keys, self.manifest.seq_len), next_offsets=dict(self._pos))
+        return Pending(batch=make_batch(seqs, keys, self.manifest.seq_len), next_offsets=dict(self._pos),
+                       counts=counts)
 
     def commit(self, pending: Pending) -> None:
-        """The step that consumed ``pending`` is done: its offsets become the source's state."""
+        """The step that consumed ``pending`` is done: its offsets (and read counts) become the source's
+        state. In memory only: the trainer's checkpoint saves them, then commits them to Kafka."""
         self.offsets.update(pending.next_offsets)
+        if self.consumed is not None:
+            for p, n in pending.counts.items():
+                self.consumed[p] += n
