@@ -2,18 +2,29 @@
 
 A line is a sequence of trained nights ordered by date (``stoker.layout.LineLayout``). The rules:
 
-* **Parent.** Night ``ds`` continues the newest night of its line whose date is before ``ds``; the
-  line's first night starts from ``train.init`` (``random``: the recipe's shape; else a local
-  Hugging Face folder). The parent is fixed when the night's trainer first launches, so every
-  retry of that night starts from the same model, and a re-run of a night (a new publication)
-  starts again from its parent, never from its own half-trained state.
-* **Head.** The newest night that finished. A night becomes part of the line only when its train
-  task succeeded (every sequence consumed, the trainer exited cleanly): a failed or half-finished
-  night never does.
-* **Older nights.** A night older than the head (a backfill after newer nights trained) is a clear
-  decision, ``train.older_nights``: ``branch`` (default) trains it from the newest night before
-  it and records it, but the head stays: the newer nights were trained without it (re-run them
-  to fold it in); ``refuse`` fails its train task with that message.
+* **Nights.** A night is one corpus's publication for one date: several corpora may feed one line,
+  and each keeps its own night per date (``nights/<ds>.<corpus>``); no corpus's night replaces
+  another's. A re-run of a night (a new publication of the same date and corpus) replaces it.
+* **Head.** The night that joined last as the line's continuation. A night joins only when its
+  train task succeeded (every sequence consumed, the trainer exited cleanly): a failed or
+  half-finished night never does. Joins are numbered (``seq``), so the head is well defined when
+  two corpora's nights share a date.
+* **Parent.** A night continues the head when the head is not newer than it (same date: another
+  corpus's night of that date, whichever trained first) and does not already hold an earlier
+  publication of this very night (a re-run never trains its data twice into one model). The line's
+  first night starts from ``train.init`` (``random``: the recipe's shape; else a local Hugging Face
+  folder). So both corpora's nights of one date end up in the head, in the order they trained, and
+  the next date continues the later of them.
+* **Older nights.** A night the head cannot take (the head is newer: a backfill, or a night that
+  failed and whose retry came after the line moved on) is a clear decision, ``train.older_nights``:
+  ``branch`` (default) trains it from the newest night not dated after it (another corpus's night of
+  the same date included) that does not hold it, and records it, but the head stays: the newer
+  nights were trained without it (re-run them to fold it in); ``refuse`` fails its train task with
+  that message.
+* **Every launch plans again.** The train task plans the parent, the role and the tokenizer check
+  at each (re)launch, not once: between a failed try and its retry another night may have joined.
+  A night whose planned parent changed restarts from the new parent (its checkpoints were trained
+  from the old one).
 * **Agreement.** The corpus tokenizer must be the one the parent was trained with (sha256), or,
   for a Hugging Face start, fit the model (vocabulary, EOS and PAD ids): checked before Spark runs.
 
@@ -33,7 +44,7 @@ from typing import Any
 
 from stoker import paths
 from stoker.exceptions import ConfigError, StokerError
-from stoker.layout import LineLayout, NightFiles
+from stoker.layout import CHECKPOINT_COMPLETE, LineLayout, NightFiles, complete_checkpoints
 from stoker.manifest import atomic_write_json, sha256_file
 
 
@@ -78,12 +89,14 @@ class Parent:
     """The HF folder, or the parent night's folder."""
     ds: str = ""
     """The parent night's date (kind ``night``)."""
+    corpus: str = ""
+    """The parent night's corpus (kind ``night``)."""
     role: str = "head"
-    """What the night being trained becomes: ``head`` or ``branch`` (older than the head)."""
+    """What the night being trained becomes: ``head`` or ``branch`` (the head cannot take it)."""
 
     def describe(self) -> str:
         if self.kind == "night":
-            return f"night {self.ds} of line {self.line} ({self.path})"
+            return f"night {self.ds} of corpus {self.corpus or '?'} in line {self.line} ({self.path})"
         return f"a Hugging Face model ({self.path})" if self.kind == "hf" else "random weights (the recipe's shape)"
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,33 +104,62 @@ class Parent:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Parent:
-        return cls(**{k: d[k] for k in ("kind", "line", "path", "ds", "role") if k in d})
+        return cls(**{k: d[k] for k in ("kind", "line", "path", "ds", "corpus", "role") if k in d})
 
 
 def read_night(night: NightFiles) -> dict[str, Any]:
     return dict(json.loads(night.record.read_text()))
 
 
+def _order(record: dict[str, Any]) -> tuple[int, str, str]:
+    """Join order: ``seq`` (nights of an earlier Stoker have none: by date, before every numbered one)."""
+    return int(record.get("seq", 0)), str(record["ds"]), str(record.get("corpus", ""))
+
+
+def _records(line: LineLayout) -> list[tuple[dict[str, Any], NightFiles]]:
+    return sorted(((read_night(n), n) for n in line.nights()), key=lambda rn: _order(rn[0]))
+
+
 def head(line: LineLayout) -> dict[str, Any] | None:
-    """The line's newest trained night's record, None before its first."""
-    nights = line.nights()
-    return read_night(nights[-1]) if nights else None
+    """The record of the night that joined last as the line's continuation, None before the first."""
+    heads = [r for r, _ in _records(line) if r.get("parent", {}).get("role", "head") == "head"]
+    return heads[-1] if heads else None
 
 
-def plan(line: LineLayout, ds: str, init: str, older_nights: str) -> Parent:
-    """The parent of night ``ds`` (see the module's rules); refuses an older night if told to."""
-    before = [n for n in line.nights() if n.folder.name < ds]
-    top = head(line)
-    role = "branch" if top is not None and top["ds"] > ds else "head"
-    if role == "branch" and older_nights == "refuse":
-        raise StokerError(
-            f"night {ds} is older than line {line.name}'s head, night {top['ds'] if top else '?'} "
-            f"(train.older_nights: refuse): the line only moves forward. To train it anyway set "
-            f"train.older_nights: branch (it trains from the newest night before it and the head stays), or "
-            f"train it on a line of its own (train.line)")
-    if before:
-        return Parent(kind="night", line=line.name, path=str(before[-1].folder), ds=before[-1].folder.name,
-                      role=role)
+def _holds(record: dict[str, Any], ds: str, corpus: str) -> bool:
+    """Whether the model of ``record`` was trained on a publication of night (ds, corpus)."""
+    return any(e.get("ds") == ds and e.get("corpus") == corpus for e in record.get("lineage", []))
+
+
+def plan(line: LineLayout, ds: str, corpus: str, init: str, older_nights: str) -> Parent:
+    """The parent of night (``ds``, ``corpus``) and its role (see the module's rules); refuses a night
+    the head cannot take if told to."""
+    others = [(r, n) for r, n in _records(line) if (r["ds"], r.get("corpus")) != (ds, corpus)]
+    heads = [(r, n) for r, n in others if r.get("parent", {}).get("role", "head") == "head"]
+    top = heads[-1] if heads else None
+    if top is not None and top[0]["ds"] <= ds and not _holds(top[0], ds, corpus):
+        return _night_parent(line, top, "head")
+    if top is not None:
+        if older_nights == "refuse":
+            raise StokerError(
+                f"night {ds} of corpus {corpus} cannot continue line {line.name}'s head, night {top[0]['ds']} of "
+                f"corpus {top[0].get('corpus')} (train.older_nights: refuse): the head is newer, or already holds "
+                f"an earlier publication of this night; the line only moves forward. To train it anyway set "
+                f"train.older_nights: branch (it trains from the newest night before it and the head stays), or "
+                f"train it on a line of its own (train.line)")
+        before = [(r, n) for r, n in others if r["ds"] <= ds and not _holds(r, ds, corpus)]
+        if before:
+            return _night_parent(line, max(before, key=lambda rn: (rn[0]["ds"], _order(rn[0]))), "branch")
+    return _init_parent(line, init, "branch" if top is not None else "head")
+
+
+def _night_parent(line: LineLayout, found: tuple[dict[str, Any], NightFiles], role: str) -> Parent:
+    record, night = found
+    return Parent(kind="night", line=line.name, path=str(night.folder), ds=record["ds"],
+                  corpus=str(record.get("corpus", "")), role=role)
+
+
+def _init_parent(line: LineLayout, init: str, role: str) -> Parent:
     if init == "random":
         return Parent(kind="random", line=line.name, role=role)
     folder = paths.resolve_local(init)
@@ -182,6 +224,8 @@ class Night:
     offsets: dict[str, list[int]]
     """Per partition: [start, end) of the run topic."""
     trained_at: str = ""
+    seq: int = 0
+    """Join order in the line (1 for its first night); set when the night joins."""
     lineage: list[dict[str, Any]] = field(default_factory=list)
     """Every night of the model's history, oldest first, this one last (plus its HF start, if any)."""
 
@@ -220,25 +264,40 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path) -> NightFiles:
-    """Record a finished night in its line: its final checkpoint, its HF export with a model card, its
-    record last. Atomic per night: a reader sees the old night folder or the whole new one."""
-    tag = (checkpoints / "latest").read_text().strip()
-    final = line.night(night.ds)
-    tmp = NightFiles(final.folder.with_name(f".{night.ds}.tmp{os.getpid()}"))
-    shutil.rmtree(tmp.folder, ignore_errors=True)
-    tmp.checkpoint.mkdir(parents=True)
-    _link_tree(checkpoints / tag, tmp.checkpoint / tag)
-    (tmp.checkpoint / "latest").write_text(tag)
-    _link_tree(export, tmp.model)
-    tmp.card.unlink(missing_ok=True)
-    tmp.card.write_text(model_card(night))
-    atomic_write_json(tmp.record, asdict(night))
-    old = final.folder.with_name(f".{night.ds}.old{os.getpid()}")
-    if final.folder.exists():
-        final.folder.rename(old)
-    tmp.folder.rename(final.folder)
-    shutil.rmtree(old, ignore_errors=True)
+    """Record a finished night in its line: its final complete checkpoint, its HF export with a model
+    card, its record last, in a new folder of the line's store; then the night's link is swapped to it
+    in one rename, so a reader (or a crash) sees the old night or the whole new one. Store folders that
+    no link names (a replaced night, a crash's leftovers) are removed."""
+    complete = complete_checkpoints(checkpoints)
+    if not complete:
+        raise StokerError(f"{checkpoints}: no complete checkpoint to promote (none marked "
+                          f"{CHECKPOINT_COMPLETE}): the night's trainer did not finish saving")
+    final = line.night(night.ds, night.corpus)
+    night.seq = max((int(r.get("seq", 0)) for r, _ in _records(line)), default=0) + 1
+    new = NightFiles(line.store / f"{final.folder.name}.{night.seq}.{os.getpid()}")
+    shutil.rmtree(new.folder, ignore_errors=True)
+    new.checkpoint.mkdir(parents=True)
+    _link_tree(checkpoints / complete[-1], new.checkpoint / complete[-1])
+    (new.checkpoint / "latest").write_text(complete[-1])
+    _link_tree(export, new.model)
+    new.card.unlink(missing_ok=True)
+    new.card.write_text(model_card(night))
+    atomic_write_json(new.record, asdict(night))
+    if final.folder.is_dir() and not final.folder.is_symlink():  # a night of an earlier Stoker: into the store
+        final.folder.rename(line.store / f"{final.folder.name}.legacy")
+    link = final.folder.with_name(f".{final.folder.name}.link{os.getpid()}")
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(".store") / new.folder.name)
+    os.replace(link, final.folder)
+    _clean_store(line)
     return final
+
+
+def _clean_store(line: LineLayout) -> None:
+    named = {p.resolve() for p in line.nights_dir.iterdir() if p.is_symlink()}
+    for folder in line.store.iterdir():
+        if folder.resolve() not in named:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _loss(x: float | None) -> str:

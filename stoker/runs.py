@@ -98,30 +98,29 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "quarantine": m.quarantine_path, "spark_app_id": m.spark_app_id,
         "stage_seconds": stage_seconds(run_dir),
         "stages": stage_rows(run_dir),
-        "training": _training(run_dir, m.topic),
+        "training": _training(run_dir, m),
         "training_skipped": training_skipped(m),
     }
 
 
-def _training(run_dir: Path, topic: str) -> dict[str, Any] | None:
+def _training(run_dir: Path, m: Any) -> dict[str, Any] | None:
     """The trainer's summary for the manifest's topic, if it has finished."""
-    files = RunLayout(Path(run_dir)).trainer(topic)
+    files = RunLayout(Path(run_dir)).trainer(m.topic)
     data = _read_json(files.summary)
     if not data:
         return None
     keys = ("steps", "sequences_consumed", "sequences_published", "tokens_consumed", "first_loss", "last_loss",
             "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe", "ranks")
-    return {**{k: data.get(k) for k in keys}, "line": _line(files, topic)}
+    return {**{k: data.get(k) for k in keys}, "line": _line(files, m)}
 
 
-def _line(files: Any, topic: str) -> dict[str, Any] | None:
+def _line(files: Any, m: Any) -> dict[str, Any] | None:
     """The model line the night continued, its parent, and whether the night joined the line."""
     parent = _read_json(files.parent)
     if not parent:
         return None
-    ds = Path(files.folder).parents[1].name
-    night = LineLayout.of(parent["line"]).night(ds)
-    joined = (_read_json(night.record) or {}).get("topic") == topic
+    night = LineLayout.of(parent["line"]).night(m.ds, m.corpus)
+    joined = (_read_json(night.record) or {}).get("topic") == m.topic
     return {"line": parent["line"], "parent": parent, "joined": joined,
             "card": str(night.card) if joined else None}
 
@@ -172,7 +171,7 @@ def _render_line(line: dict[str, Any] | None) -> list[str]:
         return []
     p = line["parent"]
     start = f"night {p['ds']}" if p["kind"] == "night" else p.get("path") or "random weights"
-    role = "" if p.get("role", "head") == "head" else " (older than the head: a branch)"
+    role = "" if p.get("role", "head") == "head" else " (a branch: the head does not take it)"
     state = f"joined{role}; model card {line['card']}" if line["joined"] else "not joined (training did not finish)"
     return [f"  model line       {line['line']}: continued {start}; {state}"]
 

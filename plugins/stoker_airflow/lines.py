@@ -1,7 +1,8 @@
 """The model line around a refresh's tasks (:mod:`stoker.lines`): before Spark runs, the night's parent
-is planned and the corpus tokenizer checked against it; at the trainer's first launch the parent is
-fixed in the trainer's folder (every retry starts from the same model); when the train task
-succeeds, the night joins its line."""
+is planned and the corpus tokenizer checked against it; at every launch of the trainer the parent,
+the role and the tokenizer are planned again and recorded in the trainer's folder (another night may
+have joined the line between a failed try and its retry); when the train task succeeds, the night
+joins its line."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import LineLayout, NightFiles, TrainerFiles
-from stoker.lines import Parent, check_agreement, model_card, night_record, plan, promote, tokenizer_facts
+from stoker.lines import Parent, TokenizerFacts, check_agreement, night_record, plan, promote, tokenizer_facts
+from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.lines")
 
@@ -54,7 +56,7 @@ def check_before_publish(cfg: Any, ds: str) -> Parent:
 
     settings = LineSettings.of(cfg.train)
     try:
-        parent = plan(settings.layout, ds, settings.init, settings.older_nights)
+        parent = plan(settings.layout, ds, cfg.name, settings.init, settings.older_nights)
         tok = paths.resolve_local(cfg.tokenizer.path)
         if tok.is_file():
             check_agreement(parent, tokenizer_facts(tok, cfg.tokenizer.eos_token, cfg.tokenizer.pad_token))
@@ -64,18 +66,36 @@ def check_before_publish(cfg: Any, ds: str) -> Parent:
     return parent
 
 
-def fixed_parent(settings: LineSettings, files: TrainerFiles, ds: str) -> Parent:
-    """The parent recorded at the night's first launch, else planned now and recorded."""
+def _manifest_tokenizer(manifest: Any) -> TokenizerFacts:
+    return TokenizerFacts(path=manifest.tokenizer_path, sha256=manifest.tokenizer_sha256,
+                          vocab_size=manifest.vocab_size, eos_id=manifest.eos_id, pad_id=manifest.pad_id)
+
+
+def launch_parent(settings: LineSettings, files: TrainerFiles, manifest: Any) -> Parent:
+    """The night's parent and role planned now, at this (re)launch, and the tokenizer the night was packed
+    with checked against that parent; recorded in the trainer's folder. Where the parent differs from the
+    one an earlier try trained from (another night joined the line in between), that try's checkpoints
+    are removed: they hold weights of the old parent, and the night restarts from the new one."""
+    import shutil
+
     from stoker.exceptions import StokerError
 
-    if files.parent.is_file():
-        return Parent.from_dict(json.loads(files.parent.read_text()))
     try:
-        parent = plan(settings.layout, ds, settings.init, settings.older_nights)
+        parent = plan(settings.layout, manifest.ds, manifest.corpus, settings.init, settings.older_nights)
+        check_agreement(parent, _manifest_tokenizer(manifest))
     except StokerError as e:
         raise _fail(e) from None
+    before = Parent.from_dict(json.loads(files.parent.read_text())) if files.parent.is_file() else None
+    if before is not None and (before.kind, before.path) != (parent.kind, parent.path):
+        log.warning("line %s moved since night %s last launched: it continued %s, now %s; its checkpoints "
+                    "(trained from the old parent) are removed and it restarts", settings.line, manifest.ds,
+                    before.describe(), parent.describe())
+        shutil.rmtree(files.checkpoints, ignore_errors=True)
+    elif before is not None and before.role != parent.role:
+        log.warning("line %s moved since night %s last launched: the night is now a %s of the line",
+                    settings.line, manifest.ds, parent.role)
     files.folder.mkdir(parents=True, exist_ok=True)
-    files.parent.write_text(json.dumps(parent.to_dict(), indent=2) + "\n")
+    atomic_write_json(files.parent, parent.to_dict())
     return parent
 
 
@@ -85,13 +105,23 @@ def trainer_args(settings: LineSettings, parent: Parent) -> list[str]:
 
 
 def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles) -> NightFiles:
-    """The night finished: its final checkpoint, export, model card and record go into its line."""
+    """The night finished: its final checkpoint, export, model card and record go into its line. Its role
+    is checked once more: a night whose parent is no longer what the line would give it (two nights of a
+    line trained at once, without the line's pool) joins as a branch, never as a head that skips a night."""
     parent = Parent.from_dict(json.loads(files.parent.read_text()))
+    now = plan(settings.layout, manifest.ds, manifest.corpus, settings.init, "branch")
+    role = now.role if (now.kind, now.path) == (parent.kind, parent.path) else "branch"
+    if role != parent.role:
+        log.warning("night %s of %s joins line %s as a %s: the line moved while it trained (parent %s, the line "
+                    "now gives %s)", manifest.ds, manifest.corpus, settings.line, role, parent.describe(),
+                    now.describe())
+        parent.role = role
     summary = json.loads(files.summary.read_text())
     night = night_record(manifest, summary, parent)
     export = Path(summary.get("export") or files.export)
-    (export / "README.md").write_text(model_card(night))  # the run's own export carries the card too
     done = promote(settings.layout, night, files.checkpoints, export)
-    log.info("night %s joined line %s as its %s (parent: %s); model card %s", manifest.ds, settings.line,
-             parent.role, parent.describe(), done.card)
+    (export / "README.md").unlink(missing_ok=True)  # the run's own export carries the card too (a new file:
+    (export / "README.md").write_text(done.card.read_text())  # never written through a link into the line)
+    log.info("night %s of %s joined line %s as its %s (parent: %s); model card %s", manifest.ds, manifest.corpus,
+             settings.line, parent.role, parent.describe(), done.card)
     return done

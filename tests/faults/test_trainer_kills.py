@@ -99,7 +99,7 @@ def _night_one(kafka_config: dict, sample_corpus: dict, tmp_path: Path) -> str:
     from trainer_tools import launch_trainer, publish_text_run, wait_trainer
 
     from stoker.local.sample import texts
-    from stoker_airflow.lines import LineSettings, fixed_parent, join_line, trainer_args
+    from stoker_airflow.lines import LineSettings, join_line, launch_parent, trainer_args
 
     settings = LineSettings(line="trainkill")
     shutil.rmtree(settings.layout.folder, ignore_errors=True)
@@ -107,7 +107,7 @@ def _night_one(kafka_config: dict, sample_corpus: dict, tmp_path: Path) -> str:
     m = publish_text_run(kafka_config, sample_corpus["tokenizer"], list(texts(sample_corpus["data"]))[:200],
                          run.run_dir, ds=NIGHT_ONE, seq_len=256, max_sequences=60, corpus="trainkill")
     files = run.trainer(m.topic)
-    parent = fixed_parent(settings, files, NIGHT_ONE)
+    parent = launch_parent(settings, files, m)
     wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
                  files.folder)
     return str(join_line(settings, m, files).folder)
@@ -145,6 +145,6 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     # night 2 of the line, both lives: started from night 1's model, and joined the line only once done
     assert json.loads(files.parent.read_text())["path"] == night_one
     assert files.log.read_text().count(f"weights from {night_one}/hf") == 2 * m_world(files)  # every rank, twice
-    night = LineLayout.of("trainkill").night(DS)
+    night = LineLayout.of("trainkill").night(DS, "trainkill")
     lineage = json.loads(night.record.read_text())["lineage"]
     assert [e.get("ds") for e in lineage] == [None, NIGHT_ONE, DS] and lineage[-1]["topic"] == m.topic

@@ -59,6 +59,38 @@ train:
 """
 
 
+PAIR = """\
+name: {name}
+description: One of two corpora feeding the model line `pair`.
+source:
+  uri: "{{state}}/data/{name}/{{ds}}"
+  format: jsonl
+  poke_interval_s: 2
+  timeout_s: 120
+tokenizer:
+  path: "{{state}}/tokenizers/sample-bpe-8192/tokenizer.json"
+pack:
+  seq_len: 64
+topic:
+  partitions: 2
+publish:
+  spark_partitions: 2
+schedule:
+  cron: null
+  start_date: 2026-01-01
+train:
+  recipe: debug_cpu
+  world_size: 1
+  timeout_s: 900
+  line: pair
+"""
+
+
+def pair_dates() -> list[date]:
+    today = datetime.now(UTC).date()
+    return [today - timedelta(days=d) for d in (6, 5)]
+
+
 def nightly_dates() -> list[date]:
     """Nights with data: the backfill's three, and every night the scheduler may pick around today."""
     today = datetime.now(UTC).date()
@@ -141,6 +173,8 @@ def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
     assert 'cron: "0 2 * * *"' in sample_yaml
     (home / "corpora" / "sample.yaml").write_text(sample_yaml.replace('cron: "0 2 * * *"', "cron: null"))
     (home / "corpora" / "nightly.yaml").write_text(NIGHTLY)
+    for name in ("pair_a", "pair_b"):
+        (home / "corpora" / f"{name}.yaml").write_text(PAIR.format(name=name))
     shutil.copytree(sample_corpus["tokenizer"].parent, home / "tokenizers" / "sample-bpe-8192")
     # a smaller sample (same kinds of records, bad ones included) keeps a UI-triggered run short
     sample.write_corpus(home / "data" / "sample", shards=2, max_docstring_bytes=120_000)
@@ -153,6 +187,13 @@ def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
         (folder / "part-00000.jsonl").write_text(
             "".join(json.dumps({"text": t, "night": night.isoformat()}, ensure_ascii=False) + "\n" for t in docs))
         (folder / "_SUCCESS").write_text("")
+    for i, night in enumerate(pair_dates()):
+        for j, name in enumerate(("pair_a", "pair_b")):
+            folder = home / "data" / name / night.isoformat()
+            folder.mkdir(parents=True)
+            docs = texts[2000 + (2 * i + j) * 30:2000 + (2 * i + j + 1) * 30]
+            (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+            (folder / "_SUCCESS").write_text("")
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +262,7 @@ def test_login_required(local_stack: StackEnv):
     r = httpx.post(f"{local_stack.api}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=10)
     assert r.status_code in (401, 403)
     dags = {d["dag_id"] for d in local_stack.rest("GET", "/dags")["dags"]}
-    assert dags == {"refresh_sample", "refresh_nightly"}
+    assert dags == {"refresh_sample", "refresh_nightly", "refresh_pair_a", "refresh_pair_b"}
 
 
 def test_trigger_from_the_ui_with_a_changed_param(local_stack: StackEnv):
@@ -323,7 +364,7 @@ def test_cli_backfill_three_nights_then_rerun_one(local_stack: StackEnv):
         assert time.monotonic() < deadline, f"re-run of {again} still {state}"
         time.sleep(3)
     after = _check_run(s, "nightly", again)
-    rerun = json.loads((s.home / "lines" / "nightly" / "nights" / again / "night.json").read_text())
+    rerun = json.loads((s.home / "lines" / "nightly" / "nights" / f"{again}.nightly" / "night.json").read_text())
     assert rerun["parent"]["ds"] == nights[0] and rerun["topic"] == after["manifest"].topic  # from its parent again
     assert after["manifest"].topic != topics[again]  # a new attempt-scoped topic...
     assert after["sequences"] == before[again]["sequences"]  # ...holding exactly the same sequences
@@ -334,15 +375,50 @@ def test_cli_backfill_three_nights_then_rerun_one(local_stack: StackEnv):
             assert _sequences(s, topics[ds]) == before[ds]["sequences"]
 
 
+def test_two_corpora_feed_one_line_under_the_scheduler(local_stack: StackEnv):
+    """`pair_a` and `pair_b` share the line `pair`. Both nights of one date are triggered at once: the line's
+    pool trains them one after the other, the second continues the first, neither replaces the other's night.
+    The next date continues the later one, and its model card lists every night of both corpora."""
+    s = local_stack
+    first, second = (d.isoformat() for d in pair_dates())
+    for dag in ("refresh_pair_a", "refresh_pair_b"):
+        s.rest("PATCH", f"/dags/{dag}", json={"is_paused": False})  # cron null: only triggered runs
+    runs = {dag: s.rest("POST", f"/dags/{dag}/dagRuns", json={"logical_date": f"{first}T02:00:00Z"})["dag_run_id"]
+            for dag in ("refresh_pair_a", "refresh_pair_b")}
+    for dag, run_id in runs.items():
+        s.wait_runs(dag, lambda r, run_id=run_id: r["dag_run_id"] == run_id, 1, timeout=1200)
+    spans = sorted((ti["start_date"], ti["end_date"]) for dag, run_id in runs.items() for ti in
+                   s.rest("GET", f"/dags/{dag}/dagRuns/{run_id}/taskInstances")["task_instances"]
+                   if ti["task_id"] == "training.train")
+    assert spans[0][1] <= spans[1][0], spans  # one night of a line trains at a time
+    nxt = s.rest("POST", "/dags/refresh_pair_a/dagRuns", json={"logical_date": f"{second}T02:00:00Z"})["dag_run_id"]
+    s.wait_runs("refresh_pair_a", lambda r: r["dag_run_id"] == nxt, 1, timeout=900)
+
+    folder = s.home / "lines" / "pair" / "nights"
+    recs = {p.name: json.loads((p / "night.json").read_text()) for p in folder.iterdir() if not p.name.startswith(".")}
+    assert sorted(recs) == [f"{first}.pair_a", f"{first}.pair_b", f"{second}.pair_a"]
+    one, two = sorted((r for r in recs.values() if r["ds"] == first), key=lambda r: r["seq"])
+    assert one["parent"]["kind"] == "random" and (one["seq"], two["seq"]) == (1, 2)
+    assert (two["parent"]["ds"], two["parent"]["corpus"], two["parent"]["role"]) == (first, one["corpus"], "head")
+    last = recs[f"{second}.pair_a"]
+    assert (last["parent"]["corpus"], last["parent"]["role"], last["seq"]) == (two["corpus"], "head", 3)
+    assert [(e["ds"], e["corpus"]) for e in last["lineage"][1:]] == [
+        (first, one["corpus"]), (first, two["corpus"]), (second, "pair_a")]
+    card = (folder / f"{second}.pair_a" / "hf" / "README.md").read_text()
+    assert all(f"| {ds} | {c} | `{recs[f'{ds}.{c}']['topic']}` |" in card
+               for ds, c in ((first, "pair_a"), (first, "pair_b"), (second, "pair_a"))), card
+    assert "3 night(s)" in card
+
+
 def _check_line(s: StackEnv, nights: list[str], topics: dict[str, str]) -> None:
     """The three nights form one model line: each continued the one before it (its first loss within 10%
     of the previous night's last), and the last one's model card lists all three."""
     folder = s.home / "lines" / "nightly" / "nights"
-    recs = [json.loads((folder / ds / "night.json").read_text()) for ds in nights]
+    recs = [json.loads((folder / f"{ds}.nightly" / "night.json").read_text()) for ds in nights]
     assert [r["parent"].get("ds", "") for r in recs] == ["", nights[0], nights[1]]
     for prev, cur in zip(recs, recs[1:], strict=False):
         assert abs(cur["first_loss"] - prev["last_loss"]) <= 0.10 * prev["last_loss"], (prev, cur)
-    card = (folder / nights[2] / "hf" / "README.md").read_text()
+    card = (folder / f"{nights[2]}.nightly" / "hf" / "README.md").read_text()
     assert all(f"| {ds} | nightly | `{topics[ds]}` |" in card for ds in nights), card
     assert "3 night(s)" in card
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,7 +13,7 @@ import yaml
 from stoker import paths
 from stoker.config import parse_corpus
 from stoker.exceptions import ConfigError, StokerError
-from stoker.layout import LineLayout, NightFiles
+from stoker.layout import CHECKPOINT_COMPLETE, LineLayout, NightFiles
 from stoker.lines import (
     Night,
     Parent,
@@ -29,8 +30,9 @@ pytestmark = pytest.mark.unit
 SAMPLE = paths.REPO_ROOT / "corpora" / "sample.yaml"
 
 
-def _night(line: str, ds: str, parent: dict, sha: str = "a" * 64, lineage: list | None = None) -> Night:
-    n = Night(line=line, ds=ds, corpus="c", topic=f"stoker.c.{ds}.a1", publication="p", parent=parent,
+def _night(line: str, ds: str, parent: dict, sha: str = "a" * 64, lineage: list | None = None,
+           corpus: str = "c") -> Night:
+    n = Night(line=line, ds=ds, corpus=corpus, topic=f"stoker.{corpus}.{ds}.a1", publication="p", parent=parent,
               tokenizer={"path": "/t/tokenizer.json", "sha256": sha, "vocab_size": 8192, "eos_id": 0, "pad_id": 1},
               recipe="debug_cpu", world_size=2, steps=10, sequences=80, tokens=5120, first_loss=9.0, last_loss=6.5,
               offsets={"0": [0, 41], "1": [0, 41]}, trained_at="2026-12-04T00:00:00+00:00")
@@ -38,42 +40,81 @@ def _night(line: str, ds: str, parent: dict, sha: str = "a" * 64, lineage: list 
     return n
 
 
-def _record(line: LineLayout, n: Night) -> None:
-    f = line.night(n.ds)
-    f.folder.mkdir(parents=True)
-    f.record.write_text(json.dumps(asdict(n)))
+def _join(line: LineLayout, tmp_path, ds: str, corpus: str = "c", init: str = "random") -> Night:
+    """Night (ds, corpus) planned and promoted into the line, as the train task does it."""
+    parent = plan(line, ds, corpus, init, "branch")
+    lineage = json.loads(NightFiles(Path(parent.path)).record.read_text())["lineage"] if parent.kind == "night" \
+        else None
+    n = _night(line.name, ds, parent.to_dict(), lineage=lineage, corpus=corpus)
+    ckpts, export = tmp_path / f"ckpt-{ds}-{corpus}", tmp_path / f"export-{ds}-{corpus}"
+    if not ckpts.exists():
+        (ckpts / "step00000010").mkdir(parents=True)
+        (ckpts / "step00000010" / CHECKPOINT_COMPLETE).write_text("{}")
+        export.mkdir()
+    promote(line, n, ckpts, export)
+    return n
 
 
-def test_each_night_continues_the_newest_night_before_it(tmp_path):
+def test_each_night_continues_the_head_and_older_ones_branch(tmp_path):
     line = LineLayout(tmp_path / "l")
-    first = plan(line, "2026-12-01", "random", "branch")
+    first = plan(line, "2026-12-01", "c", "random", "branch")
     assert (first.kind, first.role) == ("random", "head")
-    _record(line, _night("l", "2026-12-01", first.to_dict()))
-    _record(line, _night("l", "2026-12-02", {"kind": "night", "ds": "2026-12-01", "line": "l"}))
+    _join(line, tmp_path, "2026-12-01")
+    _join(line, tmp_path, "2026-12-02")
     assert head(line)["ds"] == "2026-12-02"
-    nxt = plan(line, "2026-12-03", "random", "branch")
+    nxt = plan(line, "2026-12-03", "c", "random", "branch")
     assert (nxt.kind, nxt.ds, nxt.role) == ("night", "2026-12-02", "head")
     # a re-run of the head night starts again from its parent, and may replace the head
-    rerun = plan(line, "2026-12-02", "random", "branch")
+    rerun = plan(line, "2026-12-02", "c", "random", "branch")
     assert (rerun.ds, rerun.role) == ("2026-12-01", "head")
     # older than the head: a branch from what precedes it, or refused with what to do
-    old = plan(line, "2026-11-15", "random", "branch")
+    old = plan(line, "2026-11-15", "c", "random", "branch")
     assert (old.kind, old.role) == ("random", "branch")
-    with pytest.raises(StokerError, match=r"night 2026-11-15 is older than line l's head, night 2026-12-02.*"
-                                          r"train.older_nights: branch"):
-        plan(line, "2026-11-15", "random", "refuse")
-    # a promotion's temporary folder is not a night
-    (line.nights_dir / ".2026-12-09.tmp1").mkdir()
-    (line.nights_dir / ".2026-12-09.tmp1" / "night.json").write_text("{}")
-    assert [n.folder.name for n in line.nights()] == ["2026-12-01", "2026-12-02"]
+    with pytest.raises(StokerError, match=r"night 2026-11-15 of corpus c cannot continue line l's head, night "
+                                          r"2026-12-02 of corpus c.*train.older_nights: branch"):
+        plan(line, "2026-11-15", "c", "random", "refuse")
+    # what is not a night's link is not a night: the store, a promotion's temporary link
+    (line.nights_dir / ".2026-12-09.c.link1").mkdir()
+    (line.nights_dir / ".2026-12-09.c.link1" / "night.json").write_text("{}")
+    assert [n.folder.name for n in line.nights()] == ["2026-12-01.c", "2026-12-02.c"]
+
+
+def test_two_corpora_feed_one_line_and_neither_replaces_the_others_night(tmp_path):
+    line = LineLayout(tmp_path / "l")
+    _join(line, tmp_path, "2026-12-01", "web")
+    _join(line, tmp_path, "2026-12-01", "code")  # the same date: continues web's night, whichever came first
+    assert plan(line, "2026-12-01", "code", "random", "branch").ds == "2026-12-01"
+    assert [n.folder.name for n in line.nights()] == ["2026-12-01.code", "2026-12-01.web"]
+    top = head(line)
+    assert (top["corpus"], top["seq"], top["parent"]["corpus"]) == ("code", 2, "web")
+    nxt = plan(line, "2026-12-02", "web", "random", "branch")
+    assert (nxt.ds, nxt.corpus, nxt.role) == ("2026-12-01", "code", "head")
+    _join(line, tmp_path, "2026-12-02", "web")
+    assert [(e["ds"], e["corpus"]) for e in head(line)["lineage"][1:]] == [
+        ("2026-12-01", "web"), ("2026-12-01", "code"), ("2026-12-02", "web")]  # every night of both corpora
+    # a re-run of web's first night must not continue a model that already holds it: a branch from before it
+    rerun = plan(line, "2026-12-01", "web", "random", "branch")
+    assert (rerun.kind, rerun.role) == ("random", "branch")
+
+
+def test_a_night_the_line_moved_past_while_it_retried_follows_older_nights(tmp_path):
+    line = LineLayout(tmp_path / "l")
+    _join(line, tmp_path, "2026-12-01")
+    first_try = plan(line, "2026-12-02", "c", "random", "branch")
+    assert (first_try.ds, first_try.role) == ("2026-12-01", "head")
+    _join(line, tmp_path, "2026-12-03")  # night 3 trains and joins while night 2 waits for its retry
+    retry = plan(line, "2026-12-02", "c", "random", "branch")
+    assert (retry.ds, retry.role) == ("2026-12-01", "branch")  # the head stays night 3, which lacks night 2
+    with pytest.raises(StokerError, match="cannot continue line l's head, night 2026-12-03"):
+        plan(line, "2026-12-02", "c", "random", "refuse")
 
 
 def test_a_hugging_face_start_must_be_a_model_folder(tmp_path):
     with pytest.raises(ConfigError, match=r"train.init = .*no config.json"):
-        plan(LineLayout(tmp_path / "l"), "2026-12-01", str(tmp_path / "nothing"), "branch")
+        plan(LineLayout(tmp_path / "l"), "2026-12-01", "c", str(tmp_path / "nothing"), "branch")
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")
-    assert plan(LineLayout(tmp_path / "l"), "2026-12-01", str(tmp_path / "hf"), "branch").kind == "hf"
+    assert plan(LineLayout(tmp_path / "l"), "2026-12-01", "c", str(tmp_path / "hf"), "branch").kind == "hf"
 
 
 def test_tokenizer_facts_agree_with_the_tokenizers_library(tmp_path):
@@ -94,11 +135,11 @@ def test_tokenizer_facts_agree_with_the_tokenizers_library(tmp_path):
 
 def test_a_tokenizer_that_does_not_fit_the_model_fails_naming_both(tmp_path):
     line = LineLayout(tmp_path / "l")
-    _record(line, _night("l", "2026-12-01", {"kind": "random", "line": "l"}, sha="a" * 64))
-    parent = plan(line, "2026-12-02", "random", "branch")
+    _join(line, tmp_path, "2026-12-01")
+    parent = plan(line, "2026-12-02", "c", "random", "branch")
     mine = TokenizerFacts(path="/new/tokenizer.json", sha256="b" * 64, vocab_size=8192, eos_id=0, pad_id=1)
-    with pytest.raises(ConfigError, match=r"/new/tokenizer.json \(sha256 bbbbbbbbbbbb.*night 2026-12-01 of line l"
-                                          r".*/t/tokenizer.json \(sha256 aaaaaaaaaaaa"):
+    with pytest.raises(ConfigError, match=r"/new/tokenizer.json \(sha256 bbbbbbbbbbbb.*night 2026-12-01 of corpus "
+                                          r"c in line l.*/t/tokenizer.json \(sha256 aaaaaaaaaaaa"):
         check_agreement(parent, mine)
     check_agreement(parent, TokenizerFacts(**{**asdict(mine), "sha256": "a" * 64}))  # the same file: fine
 
@@ -116,7 +157,9 @@ def test_promotion_is_whole_and_carries_a_model_card(tmp_path):
     ckpts, export = tmp_path / "ckpt", tmp_path / "export"
     (ckpts / "step00000010").mkdir(parents=True)
     (ckpts / "step00000010" / "model.pt").write_bytes(b"w" * 100)
-    (ckpts / "latest").write_text("step00000010")
+    (ckpts / "step00000010" / CHECKPOINT_COMPLETE).write_text("{}")
+    (ckpts / "step00000012").mkdir()  # a tag some rank never finished (DeepSpeed's `latest` names it)
+    (ckpts / "latest").write_text("step00000012")
     export.mkdir()
     (export / "config.json").write_text("{}")
     line = LineLayout(tmp_path / "lines" / "l")
@@ -132,10 +175,25 @@ def test_promotion_is_whole_and_carries_a_model_card(tmp_path):
     assert "night 2026-12-01 of line `l`" in card and "The line started from: /models/base" in card
     assert "| 2026-12-01 | c | `stoker.c.2026-12-01.a1` | 0: 0-41, 1: 0-41 | 80 | 5,120 | 10 | 9.0000 | 6.5000 |" \
         in card and "2 night(s), 10,240 tokens in all." in card
-    # promoting the same night again (a re-run) replaces it whole
+    # promoting the same night again (a re-run) replaces it whole: one link swapped, the old folder gone
+    (export / "config.json").unlink()
+    (export / "config.json").write_text('{"new": 1}')
     again = promote(line, one, ckpts, export)
-    assert again == done and NightFiles(again.folder).card.read_text().startswith("---")
-    assert sorted(p.name for p in line.nights_dir.iterdir()) == ["2026-12-01"]
+    assert again == done and json.loads((again.model / "config.json").read_text()) == {"new": 1}
+    assert sorted(p.name for p in line.nights_dir.iterdir()) == [".store", "2026-12-01.c"]
+    assert len(list(line.store.iterdir())) == 1 and done.folder.is_symlink()
+
+
+def test_a_night_of_an_earlier_stoker_is_replaced_whole(tmp_path):
+    line = LineLayout(tmp_path / "l")
+    legacy = line.night("2026-12-01", "c")
+    legacy.folder.mkdir(parents=True)  # a plain folder, as an earlier Stoker promoted it
+    legacy.record.write_text(json.dumps(asdict(_night("l", "2026-12-01", {"kind": "random", "line": "l"}))))
+    assert head(line)["ds"] == "2026-12-01"
+    n = _join(line, tmp_path, "2026-12-02")
+    assert n.parent["ds"] == "2026-12-01" and head(line)["seq"] == 1
+    _join(line, tmp_path, "2026-12-01")  # a re-run of the old night
+    assert legacy.folder.is_symlink() and json.loads(legacy.record.read_text())["seq"] == 2
 
 
 def test_line_settings_validate():
