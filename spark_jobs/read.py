@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from spark_jobs.streams import Opener, plan_tasks, scan_batches, task_json
+from spark_jobs.streams import Opener, Pin, plan_tasks, scan_batches, task_json
 from stoker import paths
 from stoker.config import CorpusConfig
 from stoker.exceptions import ConfigError, SourceError
@@ -99,13 +99,15 @@ def _probe_spark_client(spark, path: str, uri: str) -> None:
                           "Spark's own client; check the hdfs:// RPC port or the S3A settings", transient=True) from e
 
 
-def opener_for(cfg: CorpusConfig) -> Opener:
+def opener_for(cfg: CorpusConfig, files: list[dict[str, Any]] | None = None) -> Opener:
     """The store's settings for the tasks: S3 from this driver's environment (the operator filled it
-    from the Airflow connection), WebHDFS from the corpus config."""
+    from the Airflow connection), WebHDFS from the corpus config; each listed file pinned to what the
+    listing saw (size, mtime, ETag)."""
     from stoker.sources import S3Settings, scheme_of
 
     s3 = S3Settings.from_env() if scheme_of(cfg.source.uri) in ("s3", "s3a") else None
-    return Opener(s3=s3, webhdfs_url=cfg.source.webhdfs_url)
+    pins = {f["path"]: Pin(int(f["bytes"]), f.get("mtime"), f.get("etag")) for f in files or []}
+    return Opener(s3=s3, webhdfs_url=cfg.source.webhdfs_url, pins=pins)
 
 
 def scan(spark, files: list[dict[str, Any]], opener: Opener, fmt: str) -> list[dict[str, Any]]:
@@ -168,7 +170,7 @@ def task_feed(spark, cfg: CorpusConfig, files: list[dict[str, Any]]) -> Feed:
     rdd = spark.sparkContext.parallelize([(i, task_json(t)) for i, t in enumerate(tasks)], max(1, len(tasks)))
     log.info("reading %d files as %d tasks (%d splits of up to %d MiB)", len(files), len(tasks),
              sum(len(t) for t in tasks), cfg.source.split_bytes >> 20)
-    return Feed(spark.createDataFrame(rdd, "task int, splits string"), line_records(cfg, opener_for(cfg)))
+    return Feed(spark.createDataFrame(rdd, "task int, splits string"), line_records(cfg, opener_for(cfg, files)))
 
 
 def parquet_feed(spark, cfg: CorpusConfig, files: list[dict[str, Any]]) -> Feed:

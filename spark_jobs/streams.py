@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
 from spark_jobs.steps import COMPRESSED_SUFFIXES, CORRUPT_FILE, QUARANTINE_HEAD, TOO_LONG, Parsed, parse_line
@@ -77,6 +78,15 @@ def plan_tasks(files: list[dict[str, Any]], split_bytes: int, min_tasks: int = 1
 
 # -- opening files wherever they live ---------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class Pin:
+    """What a file was when the run listed it: each pass opens that very file, or fails."""
+
+    bytes: int
+    mtime: float | None = None
+    etag: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Opener:
     """How a task reaches the store: its settings travel with the task (pickled, like the Hadoop
     configuration Spark ships with each task), not through the executors' environment."""
@@ -85,29 +95,66 @@ class Opener:
     """:class:`stoker.sources.S3Settings` for s3:// sources."""
     webhdfs_url: str | None = None
     """hdfs:// sources are streamed through WebHDFS (``source.webhdfs_url``, else <namenode>:9870)."""
+    pins: dict[str, Pin] = field(default_factory=dict)
+    """Per path, what the listing saw. The passes read each file several times (lineage, index, pack); a
+    file re-delivered in between would get one pass's skips applied to another's records, and the
+    manifest's sha256 would describe bytes that were not published: a changed file fails the task."""
 
     def open(self, path: str, start: int = 0) -> BinaryIO:
         """A buffered byte stream of ``path`` from byte ``start`` (local file, s3a://, hdfs://)."""
         scheme = path.split("://", 1)[0] if "://" in path else "file"
+        pin = self.pins.get(path)
         if scheme == "file":
             f = open(path.removeprefix("file://").removeprefix("file:"), "rb")  # noqa: SIM115 - the caller closes
+            if pin is not None:
+                st = os.fstat(f.fileno())
+                self._check(path, pin, st.st_size, st.st_mtime)
             f.seek(start)
             return f
         if scheme in ("s3", "s3a"):
-            from stoker.sources import S3Settings, S3Store, split_s3
-
-            bucket, key = split_s3(path)
-            client = S3Store(self.s3 or S3Settings.from_env()).client
-            body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-")["Body"]
-            return io.BufferedReader(_RawStream(body), CHUNK)
+            return self._open_s3(path, start, pin)
         if scheme == "hdfs":
             import urllib.request
 
             from stoker.hdfs import HdfsStore
 
-            url = HdfsStore(self.webhdfs_url).open_url(path, start)
+            store = HdfsStore(self.webhdfs_url)
+            if pin is not None:
+                now = store.status(path)
+                self._check(path, pin, now.size if now else -1, now.mtime if now else None)
+            url = store.open_url(path, start)
             return io.BufferedReader(_RawStream(urllib.request.urlopen(url, timeout=60)), CHUNK)
         raise ValueError(f"cannot open {path!r}: scheme {scheme!r}")
+
+    def _open_s3(self, path: str, start: int, pin: Pin | None) -> BinaryIO:
+        from botocore.exceptions import ClientError
+
+        from stoker.sources import S3Settings, S3Store, split_s3
+
+        bucket, key = split_s3(path)
+        client = S3Store(self.s3 or S3Settings.from_env()).client
+        match = {"IfMatch": f'"{pin.etag}"'} if pin is not None and pin.etag else {}
+        try:
+            body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-", **match)["Body"]
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                raise _changed(path, f"its ETag is no longer {pin.etag if pin else '?'}") from None
+            raise
+        return io.BufferedReader(_RawStream(body), CHUNK)
+
+    @staticmethod
+    def _check(path: str, pin: Pin, size: int, mtime: float | None) -> None:
+        if size != pin.bytes or (pin.mtime is not None and mtime is not None and mtime != pin.mtime):
+            raise _changed(path, f"{pin.bytes} bytes, modified {pin.mtime} when listed; now {size} bytes, "
+                                 f"modified {mtime}")
+
+
+def _changed(path: str, how: str) -> Exception:
+    from stoker.exceptions import SourceError
+
+    return SourceError(f"{path} changed while this run read it ({how}): the drop was re-delivered or is still "
+                       "being written. Nothing of this attempt is kept: let the drop settle (its _SUCCESS marker "
+                       "last) and retry the task")
 
 
 class _RawStream(io.RawIOBase):

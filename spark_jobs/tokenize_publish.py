@@ -31,69 +31,13 @@ from typing import Any
 
 from stoker import kafka as skafka
 from stoker import paths, records
+from stoker.client_config import with_password_file
 from stoker.config import CorpusConfig, load_corpus
 from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, tasks_topic
 from stoker.manifest import Manifest, PartitionRange, sha256_file, write_manifest
 
 log = logging.getLogger("stoker.tokenize_publish")
-
-ENCODE_BATCH = 1024
-"""Documents a pack task hands the tokenizer at once."""
-
-
-def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, skips: Any, topic: str, run_id: str,
-                         dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
-                         task_partitions: int = 1):
-    """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary."""
-    seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
-    nparts, compression = cfg.topic.partitions, cfg.topic.compression
-    eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
-    read_acc, docs_acc, tokens_acc = ((progress.bytes_read, progress.docs, progress.tokens) if progress is not None
-                                      else (None, None, None))
-
-    def run(batches):
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        from spark_jobs.publish import TaskSummary, publish_partition
-        from spark_jobs.steps import Packer, kept_texts
-        from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
-
-        ctx = TaskContext.get()
-        assert ctx is not None, "runs inside a Spark task"
-        sp, attempt = ctx.partitionId(), ctx.attemptNumber()
-        tok, skip = tokenizer_from_json(*tokenizer.value), skips.value
-        packer = Packer(seq_len=seq_len, eos_id=token_id(tok, eos, "eos_token"),
-                        pad_id=token_id(tok, pad, "pad_token"))
-        summary = TaskSummary(spark_partition=sp, attempt=attempt)
-
-        def pack(texts: list[str], sources: list[str]):
-            by_source = summary.source_tokens
-            summary.docs += len(texts)
-            for ids, src in zip(encode_batch(tok, texts), sources, strict=True):
-                by_source[src] = by_source.get(src, 0) + len(ids) + 1  # + its EOS
-                yield from packer.add(ids)
-            if docs_acc is not None:
-                docs_acc.add(len(texts))
-
-        def sequences():
-            for texts, sources in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
-                                             c.max_chars, skip, ENCODE_BATCH):
-                yield from pack(texts, sources)
-            yield from packer.flush()
-            summary.tokens, summary.padding = packer.tokens, packer.padding
-            if tokens_acc is not None:
-                tokens_acc.add(packer.tokens)
-
-        fail_after = fail[1] if fail and fail[0] == sp and attempt == 0 else None
-        for s in publish_partition(sequences(), config=kafka_config, topic=topic, kafka_partitions=nparts,
-                                   spark_partition=sp, attempt=attempt, run_id=run_id, dtype=dtype,
-                                   compression=compression, tx_timeout_ms=tx_ms, summary=summary,
-                                   fail_after=fail_after, task_partitions=task_partitions):
-            yield pa.RecordBatch.from_pydict({"summary": [s.to_json()]})
-    return run
-
 
 @dataclass(slots=True)
 class RunInputs:
@@ -172,7 +116,7 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
     skafka.check_reachable(kafka_config)
     listed = preflight_source(spark, cfg, uri)
     t0 = time.monotonic()
-    files = scan(spark, listed, opener_for(cfg), cfg.source.format)
+    files = scan(spark, listed, opener_for(cfg, listed), cfg.source.format)
     log.info("lineage scan: %d files, %.1f MB in %.1f s", len(files), sum(f["bytes"] for f in files) / 1e6,
              time.monotonic() - t0)
     return RunInputs(run_id=f"{cfg.name}/{ds}", uri=uri, tokenizer_path=tok_path,
@@ -215,10 +159,13 @@ def quarantine(staged: Staged, run: RunLayout) -> Path:
 
 
 def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: str,
-                 kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None) -> list[Any]:
+                 kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
+                 task_config: dict[str, Any] | None = None) -> list[Any]:
     """The pack pass: read the records again, tokenise, pack and publish the kept ones, one Kafka
     transaction per task. A task packs its records in file order, so a re-run of the night publishes
-    the same sequences under the same keys."""
+    the same sequences under the same keys. ``task_config``: the client config the tasks get (default
+    ``kafka_config``), a ``sasl.password.file`` still a path."""
+    from spark_jobs.pack import pack_publish_batches
     from spark_jobs.publish import TaskSummary, task_partitions
     from spark_jobs.read import duplicate_skips, feeds
     from spark_jobs.steps import Skips
@@ -237,8 +184,9 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
     sc = spark.sparkContext
     tokenizer = sc.broadcast((Path(inputs.tokenizer_path).read_text(), inputs.tokenizer_sha256))
     fn = pack_publish_batches(cfg=cfg, records=feed.records, tokenizer=tokenizer, skips=sc.broadcast(skips),
-                              topic=topic, run_id=inputs.run_id, dtype=inputs.dtype, kafka_config=kafka_config,
-                              fail=fail, progress=progress, task_partitions=done_parts)
+                              topic=topic, run_id=inputs.run_id, dtype=inputs.dtype,
+                              kafka_config=task_config or kafka_config, fail=fail, progress=progress,
+                              task_partitions=done_parts)
     summaries = [TaskSummary.from_json(r["summary"]) for r in feed.frame.mapInArrow(fn, "summary string").collect()]
     for s in summaries:
         if s.reused:
@@ -300,18 +248,21 @@ def source_accounting(files: list[dict[str, Any]], staged: Staged, summaries: li
 
 def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kafka_config: dict[str, Any],
             fail: tuple[int, int] | None = None) -> Manifest:
-    """read → quarantine → dedup → pack+publish → manifest (the commit point, written last)."""
+    """read → quarantine → dedup → pack+publish → manifest (the commit point, written last).
+    ``kafka_config`` may name a ``sasl.password.file``: the driver reads it for its own clients, the tasks
+    get the path and read it themselves."""
     from spark_jobs.progress import JobProgress
 
     t0 = time.monotonic()
     run = RunLayout(Path(run_dir))
+    for_tasks, kafka_config = kafka_config, with_password_file(kafka_config)
     with JobProgress(spark) as progress:
         inputs = prepare(spark, cfg, ds, run, kafka_config)
         progress.set_phase("read, validate, dedup")
         staged = stage(spark, cfg, inputs, progress)
         quarantined = quarantine(staged, run)
         progress.set_phase("tokenise, pack, publish")
-        summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress)
+        summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress, task_config=for_tasks)
         staged.unpersist()
     from spark_jobs.publish import verify_published
 
@@ -383,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = builder.getOrCreate()
     try:
         m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
-                    kafka_config=skafka.config_from_env(), fail=fail)
+                    kafka_config=skafka.config_from_env(resolve_password=False), fail=fail)
     finally:
         spark.stop()
     log.info("published %d sequences (%d tokens) of %d/%d docs to %s", m.sequences, m.tokens,

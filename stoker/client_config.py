@@ -38,8 +38,10 @@ CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "o
 """librdkafka callbacks a connection may name by dotted path (as the Kafka provider allows)."""
 
 
-def config_from_env(var: str = "STOKER_KAFKA_CONFIG") -> dict[str, Any]:
-    """The client config handed to a Spark job or a trainer in the environment (never on a command line)."""
+def config_from_env(var: str = "STOKER_KAFKA_CONFIG", resolve_password: bool = True) -> dict[str, Any]:
+    """The client config handed to a Spark job or a trainer in the environment (never on a command line).
+    ``resolve_password=False`` keeps :data:`PASSWORD_FILE` a path: for a config that travels on (a Spark
+    job's tasks), each task then reads the password where it runs and none is pickled into a task."""
     import json
     import os
 
@@ -58,7 +60,7 @@ def config_from_env(var: str = "STOKER_KAFKA_CONFIG") -> dict[str, Any]:
     for key in CALLBACK_KEYS:  # dotted paths the Airflow side's allow-list accepted
         if isinstance(conf.get(key), str):
             conf[key] = _import_callable(conf[key])
-    return with_password_file(conf)
+    return with_password_file(conf) if resolve_password else conf
 
 
 def _import_callable(path: str) -> Any:

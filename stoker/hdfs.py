@@ -103,8 +103,17 @@ class HdfsStore:
         return sorted(out, key=lambda f: f.uri)
 
     def exists(self, uri: str) -> bool:
+        return self.status(uri) is not None
+
+    def status(self, uri: str) -> FileInfo | None:
+        """The file's size and modification time now, None if there is no such file."""
         base, path = self._split(uri)
-        return self._request(uri, self._url(base, path, "GETFILESTATUS")) is not None
+        got = self._request(uri, self._url(base, path, "GETFILESTATUS"))
+        if got is None:
+            return None
+        st = got["FileStatus"]
+        return FileInfo(uri, int(st["length"]), mtime=st["modificationTime"] / 1000 if "modificationTime" in st
+                        else None)
 
     def check(self, uri: str) -> None:
         base, _ = self._split(uri)

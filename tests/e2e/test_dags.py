@@ -286,12 +286,25 @@ print("STATE=" + json.dumps(str(run.state)))
 """
 
 
-def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secure_kafka, sample_corpus, airflow_db):
+def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secure_kafka, sample_corpus, airflow_db,
+                                                                           tmp_path):
     """Spark's producer, the sensors and the trainer all go through the SASL_SSL broker (the only one
-    this run is told about); the password is in no command line, log, metadata DB or run file."""
+    this run is told about), the connection naming a ``sasl.password.file`` as the README advises; the
+    password is in no command line, log, metadata DB, run file or Spark event log (each Spark task reads
+    the file where it runs: none is pickled into a task)."""
     from stoker import kafka as skafka
+    from stoker.paths import write_private
 
-    env = {**os.environ, "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": secure_kafka})}
+    password_file, events = tmp_path / "credentials.json", tmp_path / "spark-events"
+    write_private(password_file, json.dumps({"password": secure_kafka["sasl.password"]}))
+    extra = {k: v for k, v in secure_kafka.items() if k != "sasl.password"}
+    extra["sasl.password.file"] = str(password_file)
+    (tmp_path / "spark-conf").mkdir()
+    events.mkdir()
+    (tmp_path / "spark-conf" / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events}\n")
+    env = {**os.environ, "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": extra}),
+           "SPARK_CONF_DIR": str(tmp_path / "spark-conf")}
     listings = _ProcessListings()
     listings.start()
     out = subprocess.run([sys.executable, "-c", DAG_TEST_SECURE], cwd=REPO, env=env, capture_output=True, text=True,
@@ -307,6 +320,7 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
     assert listings.stop() > 10, "the process listing was not sampled"
     assert password not in listings.text and password not in log
     assert not _files_holding(password, [Path(os.environ["AIRFLOW_HOME"]), run_dir])
+    assert list(events.iterdir()) and not _files_holding(password, [events])  # the job's event log
 
 
 def test_a_state_folder_of_an_earlier_stoker_gives_up_its_old_source_asset(airflow_db):

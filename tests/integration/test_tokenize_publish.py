@@ -278,3 +278,22 @@ def test_a_tokenizer_over_65536_ids_publishes_uint32_and_trains_end_to_end(spark
     trained = [k for ks in keys_by_step(out).values() for k in ks]
     assert len(trained) == len(set(trained)) == m.sequences
     assert json.loads((out / "train_summary.json").read_text())["sequences_consumed"] == m.sequences
+
+
+def test_a_file_rewritten_between_the_passes_fails_the_attempt(spark, kafka_config, small_cfg, tmp_path):
+    """The index pass and the pack pass read each file again: one re-delivered in between (other bytes
+    under the same name) must not get the index's skips applied to other records, nor be described by
+    the manifest's sha256. The pack pass sees the file is not the one listed and fails the attempt,
+    naming it; no manifest is written."""
+    from spark_jobs.tokenize_publish import pack_publish, prepare, stage
+
+    run = RunLayout(tmp_path / "run")
+    topic = "stoker.test.20261205.a1"
+    inputs = prepare(spark, small_cfg, "2026-12-05", run, kafka_config)
+    staged = stage(spark, small_cfg, inputs)
+    victim = sorted(Path(small_cfg.source.uri).glob("*.jsonl"))[0]
+    victim.write_text(json.dumps({"text": "a re-delivered first line"}) + "\n" + victim.read_text())
+    with pytest.raises(Exception, match=rf"{victim.name} changed while this run read it \(\d+ bytes, modified "):
+        pack_publish(spark, staged, small_cfg, inputs, topic, kafka_config, fail=None)
+    assert not run.manifest.exists()
+    skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])

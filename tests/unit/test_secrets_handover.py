@@ -72,3 +72,28 @@ def test_the_job_reads_its_secrets_file(tmp_path, monkeypatch):
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == SECRET
     with pytest.raises(FileNotFoundError, match="nowhere.json"):
         load_secrets(str(Path("/x/nowhere.json")))
+
+
+def test_a_password_file_is_read_in_the_spark_task_and_no_password_is_pickled(tmp_path, monkeypatch):
+    """The job's client config names ``sasl.password.file``: the driver reads it for its own clients, but the
+    pack pass's task function, which Spark pickles into every task, carries the path, never the password."""
+    from pyspark.serializers import CloudPickleSerializer
+
+    from spark_jobs.pack import pack_publish_batches
+    from stoker.client_config import with_password_file
+    from stoker.config import parse_corpus
+    from stoker.kafka import config_from_env
+    from stoker.paths import write_private
+
+    write_private(tmp_path / "credentials.json", json.dumps({"password": SECRET}))
+    conf = {"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
+            "sasl.password.file": str(tmp_path / "credentials.json")}
+    monkeypatch.setenv("STOKER_KAFKA_CONFIG", json.dumps(conf))
+    assert config_from_env()["sasl.password"] == SECRET  # what a driver or a trainer uses itself
+    travelling = config_from_env(resolve_password=False)  # what the job's main hands its tasks
+    cfg = parse_corpus({"name": "c", "source": {"uri": str(tmp_path)}, "tokenizer": {"path": "t.json"}})
+    fn = pack_publish_batches(cfg=cfg, records=None, tokenizer=None, skips=None, topic="t", run_id="c/d",
+                              dtype="uint16", kafka_config=travelling, fail=None)
+    pickled = CloudPickleSerializer().dumps(fn)
+    assert SECRET.encode() not in pickled and b"credentials.json" in pickled
+    assert with_password_file(travelling)["sasl.password"] == SECRET  # what the task does where it runs

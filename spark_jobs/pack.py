@@ -1,0 +1,68 @@
+"""The pack pass's task: a feed's records, read again, tokenised, packed into sequences and published in
+the task's Kafka transaction (spark_jobs/publish.py); no pyspark at import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stoker.client_config import with_password_file
+from stoker.config import CorpusConfig
+
+ENCODE_BATCH = 1024
+"""Documents a pack task hands the tokenizer at once."""
+
+
+def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, skips: Any, topic: str, run_id: str,
+                         dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
+                         task_partitions: int = 1):
+    """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary.
+    ``kafka_config`` travels pickled into every task: a ``sasl.password.file`` in it stays a path, read by the
+    task where it runs (stoker.client_config)."""
+    seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
+    nparts, compression = cfg.topic.partitions, cfg.topic.compression
+    eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
+    read_acc, docs_acc, tokens_acc = ((progress.bytes_read, progress.docs, progress.tokens) if progress is not None
+                                      else (None, None, None))
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from spark_jobs.publish import TaskSummary, publish_partition
+        from spark_jobs.steps import Packer, kept_texts
+        from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
+
+        ctx = TaskContext.get()
+        assert ctx is not None, "runs inside a Spark task"
+        sp, attempt = ctx.partitionId(), ctx.attemptNumber()
+        tok, skip = tokenizer_from_json(*tokenizer.value), skips.value
+        packer = Packer(seq_len=seq_len, eos_id=token_id(tok, eos, "eos_token"),
+                        pad_id=token_id(tok, pad, "pad_token"))
+        summary = TaskSummary(spark_partition=sp, attempt=attempt)
+
+        def pack(texts: list[str], sources: list[str]):
+            by_source = summary.source_tokens
+            summary.docs += len(texts)
+            for ids, src in zip(encode_batch(tok, texts), sources, strict=True):
+                by_source[src] = by_source.get(src, 0) + len(ids) + 1  # + its EOS
+                yield from packer.add(ids)
+            if docs_acc is not None:
+                docs_acc.add(len(texts))
+
+        def sequences():
+            for texts, sources in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
+                                             c.max_chars, skip, ENCODE_BATCH):
+                yield from pack(texts, sources)
+            yield from packer.flush()
+            summary.tokens, summary.padding = packer.tokens, packer.padding
+            if tokens_acc is not None:
+                tokens_acc.add(packer.tokens)
+
+        fail_after = fail[1] if fail and fail[0] == sp and attempt == 0 else None
+        config = with_password_file(kafka_config)  # here, in the task: no password travels in the closure
+        for s in publish_partition(sequences(), config=config, topic=topic, kafka_partitions=nparts,
+                                   spark_partition=sp, attempt=attempt, run_id=run_id, dtype=dtype,
+                                   compression=compression, tx_timeout_ms=tx_ms, summary=summary,
+                                   fail_after=fail_after, task_partitions=task_partitions):
+            yield pa.RecordBatch.from_pydict({"summary": [s.to_json()]})
+    return run
