@@ -1,4 +1,4 @@
-"""Exactly-once publishing of one Spark partition: one Kafka transaction per Spark task.
+"""Exactly-once publishing of one Spark partition: Kafka transactions of one Spark task.
 
 Why not Spark's Kafka sink: it is at-least-once, so a retried task duplicates sequences.
 Here each Spark partition ``p`` owns a fixed ``transactional.id`` (run topic + ``p``):
@@ -9,10 +9,17 @@ Here each Spark partition ``p`` owns a fixed ``transactional.id`` (run topic + `
 2. The task looks for its *done record* in its partition of ``<topic>.tasks`` (read_committed, up
    to the high watermark: see :func:`find_done`). Present means an earlier attempt committed; the
    task returns that attempt's counts and publishes nothing.
-3. Otherwise it publishes every sequence and its done record in one transaction and commits.
+3. Otherwise it publishes its sequences in transactions of at most half the transaction timeout
+   each (a whole compressed file is one task, and its publish may take longer than any timeout):
+   every transaction commits its sequences with a done record saying how many of the task's
+   sequences are committed so far; the last one's done record is marked final and holds the
+   task's summary.
 
-Sequences and the done record commit atomically, so whatever Spark retries, each sequence of
-the partition is visible exactly once.
+Sequences and their done record commit atomically. A retry finds the newest done record: a final
+one means the task is complete (nothing is published again); an earlier one means the retry, whose
+sequence stream is the same (the same records packed in the same order), skips the sequences already
+committed and continues after them. So whatever Spark retries, each sequence of the partition is
+visible exactly once.
 """
 
 from __future__ import annotations
@@ -46,6 +53,14 @@ class TaskSummary:
     """Source file → tokens of its documents packed by this task (EOS included)."""
     reused: bool = False
     """True when an earlier attempt had already committed this partition."""
+    committed: int = 0
+    """Sequences of the task committed up to this done record (a task's transactions, in order)."""
+    final: bool = True
+    """The task's last done record (its summary is complete); done records of an earlier Stoker are final."""
+    resumed: int = 0
+    """Sequences an earlier attempt had committed, which this attempt skipped."""
+    transactions: int = 0
+    """Transactions this attempt committed."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -152,7 +167,8 @@ def publish_partition(
     fail_after: int | None = None,
     task_partitions: int = 1,
 ) -> Iterator[TaskSummary]:
-    """Publish ``packed`` (items with ``tokens``, ``doc_starts``, ``valid``) in one transaction.
+    """Publish ``packed`` (items with ``tokens``, ``doc_starts``, ``valid``) in the task's transactions (see
+    the module), resuming after what an earlier attempt committed.
 
     ``summary`` is filled by the caller's packer as the iterator is consumed (docs, tokens,
     padding); sequences and per-partition counts are filled here.
@@ -160,28 +176,33 @@ def publish_partition(
     producer = _producer(config, f"stoker:{topic}:p{spark_partition}", compression, tx_timeout_ms)
     producer.init_transactions(TX_INIT_TIMEOUT_S)  # fences and aborts earlier attempts
     done = find_done(config, topic, spark_partition, task_partitions)
-    if done is not None:
+    if done is not None and done.final:
         done.reused, done.attempt = True, attempt
         yield done
         return
-    producer.begin_transaction()
+    resume = done.committed if done is not None else 0
+    tx = _Transactions(producer, topic, spark_partition, attempt, task_partitions, tx_timeout_ms)
     try:
         counts = [0] * kafka_partitions
         for i, seq in enumerate(packed):
+            kp = (spark_partition + i) % kafka_partitions
+            counts[kp] += 1
+            if i < resume:  # committed by an earlier attempt: the stream is the same, so is sequence i
+                continue
             if fail_after is not None and i == fail_after:
                 producer.flush(30)  # make sure the doomed records really reached the broker
                 raise InjectedFailure(f"injected failure in spark partition {spark_partition} after {i} sequences")
-            kp = (spark_partition + i) % kafka_partitions
             value = records.encode_value(seq.tokens, dtype)
             headers = records.encode_headers(run_id, dtype, seq.doc_starts, seq.valid)
-            _produce(producer, topic, kp, records.make_key(spark_partition, i), value, headers)
-            counts[kp] += 1
+            _produce(tx.open(), topic, kp, records.make_key(spark_partition, i), value, headers)
+            if tx.due():
+                tx.commit(TaskSummary(spark_partition=spark_partition, attempt=attempt, committed=i + 1, final=False))
         summary.sequences = sum(counts)
         summary.per_partition = {str(k): c for k, c in enumerate(counts) if c}
-        _produce(producer, tasks_topic(topic), spark_partition % task_partitions,
-                 records.make_key(spark_partition, 0)[:6],
-                 summary.to_json().encode(), None)
-        producer.commit_transaction(tx_timeout_ms / 1000)
+        summary.committed, summary.resumed = summary.sequences, resume
+        tx.open()
+        summary.transactions = tx.count + 1
+        tx.commit(summary)
         if fail_after == KILL_AFTER_COMMIT:  # testing: the commit landed, its result never reaches the driver
             os.kill(os.getpid(), signal.SIGKILL)
     except BaseException:
@@ -189,6 +210,33 @@ def publish_partition(
             producer.abort_transaction(30)
         raise
     yield summary
+
+
+class _Transactions:
+    """A task's transactions in turn: each is committed, with a done record, once it has been open for
+    half the transaction timeout (the broker aborts one that outlives it)."""
+
+    def __init__(self, producer: Any, topic: str, spark_partition: int, attempt: int, task_partitions: int,
+                 tx_timeout_ms: int) -> None:
+        self.producer, self.topic, self.sp, self.attempt = producer, topic, spark_partition, attempt
+        self.task_partitions, self.timeout_s = task_partitions, tx_timeout_ms / 1000
+        self.started: float | None = None
+        self.count = 0
+
+    def open(self) -> Any:
+        if self.started is None:
+            self.producer.begin_transaction()
+            self.started = time.monotonic()
+        return self.producer
+
+    def due(self) -> bool:
+        return self.started is not None and time.monotonic() - self.started >= self.timeout_s / 2
+
+    def commit(self, done: TaskSummary) -> None:
+        _produce(self.producer, tasks_topic(self.topic), self.sp % self.task_partitions,
+                 records.make_key(self.sp, 0)[:6], done.to_json().encode(), None)
+        self.producer.commit_transaction(self.timeout_s)
+        self.started, self.count = None, self.count + 1
 
 
 def _produce(producer: Any, topic: str, partition: int, key: bytes, value: bytes, headers: Any) -> None:

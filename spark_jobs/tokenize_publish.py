@@ -11,8 +11,8 @@ streaming, splittable read and parse, spark_jobs/read.py; exact dedup that shuff
 ones; no text is shuffled or persisted) → ``build_manifest``. Memory per task is bounded by a batch
 whatever the file sizes; the driver logs the job's progress (spark_jobs/progress.py).
 
-Delivery is exactly-once for read_committed consumers: one Kafka transaction per Spark partition,
-fenced on retry (spark_jobs/publish.py). The manifest is written last and atomically: it is the
+Delivery is exactly-once for read_committed consumers: Kafka transactions per Spark partition, each
+with a done record, fenced on retry, a retry resuming after what was committed (spark_jobs/publish.py). The manifest is written last and atomically: it is the
 commit point of the run.
 """
 
@@ -162,7 +162,8 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
                  kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
                  task_config: dict[str, Any] | None = None) -> list[Any]:
     """The pack pass: read the records again, tokenise, pack and publish the kept ones, one Kafka
-    transaction per task. A task packs its records in file order, so a re-run of the night publishes
+    transaction per task, or several for a task that publishes longer than half the transaction timeout (a
+    whole compressed file). A task packs its records in file order, so a re-run of the night publishes
     the same sequences under the same keys. ``task_config``: the client config the tasks get (default
     ``kafka_config``), a ``sasl.password.file`` still a path."""
     from spark_jobs.pack import pack_publish_batches
@@ -192,6 +193,9 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
         if s.reused:
             log.info("task %d: an earlier attempt had committed; attempt %d reused its done record (%d sequences)",
                      s.spark_partition, s.attempt, s.sequences)
+        elif s.resumed:
+            log.info("task %d: attempt %d resumed after the %d sequences an earlier attempt committed (%d in all, "
+                     "%d transactions)", s.spark_partition, s.attempt, s.resumed, s.sequences, s.transactions)
     return summaries
 
 

@@ -19,24 +19,31 @@ from stoker import paths, records
 from stoker.manifest import read_manifest
 
 
-def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, **topic: Any) -> Path:
+def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, compressed: bool = False,
+                 publish: dict[str, Any] | None = None, **topic: Any) -> Path:
     """About 24 MB of distinct documents, so the pack pass runs for several seconds on two cores; the
-    corpus config ``name`` reads them (``topic`` adds topic settings)."""
+    corpus config ``name`` reads them (``topic`` adds topic settings, ``publish`` publish settings).
+    ``compressed``: as two ``.jsonl.zst`` files, each read whole by one task."""
     from stoker.local import sample
 
     texts = list(sample.texts(sample_corpus["data"]))
     folder = tmp_path / "night"
     folder.mkdir()
     for f in range(2):
-        with open(folder / f"part-{f}.jsonl", "w") as out:
-            for n in range(f * 30_000, (f + 1) * 30_000):
-                out.write(json.dumps({"text": f"{texts[n % len(texts)]} [{n}]"}) + "\n")
+        lines = "".join(json.dumps({"text": f"{texts[n % len(texts)]} [{n}]"}) + "\n"
+                        for n in range(f * 30_000, (f + 1) * 30_000))
+        if compressed:
+            import zstandard
+
+            (folder / f"part-{f}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+        else:
+            (folder / f"part-{f}.jsonl").write_text(lines)
     (folder / "_SUCCESS").write_text("")
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(json.dumps({"name": name, "source": {"uri": str(folder)},
                                "tokenizer": {"path": str(sample_corpus["tokenizer"])},
                                "pack": {"seq_len": 512}, "topic": {"partitions": 4, **topic},
-                               "publish": {"spark_partitions": 4}}))
+                               "publish": {"spark_partitions": 4, **(publish or {})}}))
     return cfg
 
 

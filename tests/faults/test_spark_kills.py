@@ -4,8 +4,10 @@ exactly once, no key twice, every task's keys 0..n-1."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -72,3 +74,49 @@ def test_an_attempt_that_committed_but_never_reported_is_not_published_again(cor
     assert "Lost task 1.0" in log  # the first attempt died after its commit ...
     assert "task 1: an earlier attempt had committed; attempt 1 reused its done record" in log  # the retry
     assert_exactly_once(kafka_config, tmp_path / "run")
+
+
+def _committed(kafka_config: dict, topic: str) -> list:
+    from stoker import kafka as skafka
+    from stoker.exceptions import StokerError
+
+    try:
+        return skafka.read_all(kafka_config, topic, timeout=10)
+    except StokerError:  # not made yet: the job makes it before its pack pass
+        return []
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_a_compressed_file_publishes_in_several_transactions_exactly_once(sample_corpus, kafka_config, tmp_path, kill):
+    """A .jsonl.zst is read whole by one task, whose publish here takes far longer than the transaction
+    timeout (3 s). Its sequences go out in several transactions, each with a done record; a worker killed
+    after some of them committed is retried, and the retry continues after what was committed."""
+    from stoker import kafka as skafka
+    from stoker.layout import tasks_topic
+
+    cfg = write_corpus(tmp_path, sample_corpus, "zst", compressed=True, publish={"transaction_timeout_ms": 3000})
+    topic = f"stoker.zst.20261201.a{int(kill) + 1}"
+    proc = submit(cfg, topic, tmp_path / "run", kafka_config)
+    try:
+        if kill:  # once two transactions of some task committed
+            deadline = time.monotonic() + 300
+            while len(_committed(kafka_config, tasks_topic(topic))) < 2:
+                assert proc.poll() is None and time.monotonic() < deadline, "no two transactions committed"
+                time.sleep(0.3)
+            workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                       if _is_daemon(p) and p.parent() is not None and _is_daemon(p.parent())]
+            for w in workers:
+                w.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=900) == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    keys = assert_exactly_once(kafka_config, tmp_path / "run")  # Kafka's own reader
+    done = [json.loads(m.value()) for m in skafka.read_all(kafka_config, tasks_topic(topic))]
+    for task in {d["spark_partition"] for d in done}:
+        mine = [d for d in done if d["spark_partition"] == task]
+        assert len(mine) >= 3 and mine[-1]["final"] and not any(d["final"] for d in mine[:-1]), mine
+    if kill:
+        log = (tmp_path / "run.log").read_text(errors="replace")
+        assert "Lost task" in log and "resumed after the" in log, log[-3000:]
+    assert len(keys) > 0
