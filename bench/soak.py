@@ -41,12 +41,19 @@ import psutil
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests"),
                 str(Path(__file__).resolve().parents[1] / "tests" / "faults")]
 
-from fault_tools import await_publishing, committed_keys, submit, write_corpus  # noqa: E402
+from fault_tools import await_publishing, submit, write_corpus  # noqa: E402
 from kafka_cluster import ComposeCluster  # noqa: E402
-from trainer_tools import await_step, keys_by_step, kill_tree, launch_trainer, publish_run  # noqa: E402
+from trainer_tools import (  # noqa: E402
+    await_step,
+    committed_keys,
+    keys_by_step,
+    kill_tree,
+    launch_trainer,
+    publish_run,
+)
 
 from stoker import paths, records  # noqa: E402
-from stoker.layout import RunLayout, TrainerFiles  # noqa: E402
+from stoker.layout import RunLayout, TrainerFiles, complete_checkpoints  # noqa: E402
 from stoker.manifest import read_manifest  # noqa: E402
 
 PUBLISH_FAULTS = ("worker", "job", "committed", "leader", "coordinator")
@@ -163,8 +170,8 @@ def trainer_trial(cluster: ComposeCluster, tokenizer: Path, work: Path, n: int, 
     if proc.poll() is None:
         kill_tree(proc)
     steps = keys_by_step(out)  # the first life
-    ckpt = TrainerFiles(out).checkpoints / "latest"
-    ckpt_step = int(ckpt.read_text().strip().removeprefix("step")) if ckpt.exists() else 0
+    complete = complete_checkpoints(TrainerFiles(out).checkpoints)  # what the resume starts from
+    ckpt_step = int(complete[-1].removeprefix("step")) if complete else 0
     for f in out.glob("keys.*.jsonl"):
         f.rename(f.with_suffix(".first"))
     rc = launch_trainer(manifest, out, cluster.client, 2, "--checkpoint-every", "7").wait(timeout=900)

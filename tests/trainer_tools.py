@@ -168,3 +168,12 @@ def committed_keys(bootstrap: str, topic: str) -> list[bytes]:
     keys = [line.strip() for line in res.stdout.splitlines() if line.strip()]
     assert keys or res.returncode == 0, res.stderr.decode()[-2000:]
     return keys
+
+
+def resume_step(out: Path) -> int:
+    """The step a relaunch resumes from: the newest checkpoint every rank finished (DeepSpeed's own
+    ``latest`` may name one a kill interrupted)."""
+    from stoker.layout import complete_checkpoints
+
+    complete = complete_checkpoints(out / "checkpoints")
+    return int(complete[-1].removeprefix("step")) if complete else 0

@@ -292,7 +292,7 @@ def test_a_file_rewritten_between_the_passes_fails_the_attempt(spark, kafka_conf
     inputs = prepare(spark, small_cfg, "2026-12-05", run, kafka_config)
     staged = stage(spark, small_cfg, inputs)
     victim = sorted(Path(small_cfg.source.uri).glob("*.jsonl"))[0]
-    victim.write_text(json.dumps({"text": "a re-delivered first line"}) + "\n" + victim.read_text())
+    victim.write_bytes(json.dumps({"text": "a re-delivered first line"}).encode() + b"\n" + victim.read_bytes())
     with pytest.raises(Exception, match=rf"{victim.name} changed while this run read it \(\d+ bytes, modified "):
         pack_publish(spark, staged, small_cfg, inputs, topic, kafka_config, fail=None)
     assert not run.manifest.exists()

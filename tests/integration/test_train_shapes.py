@@ -21,11 +21,13 @@ from trainer_tools import (
     launch_logs,
     launch_trainer,
     publish_run,
+    resume_step,
     wait_trainer,
 )
 
 from stoker import kafka as skafka
 from stoker.records import make_key
+from training.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 PARTITIONS, PER_PARTITION, ACCUM = 4, 41, 4
@@ -76,10 +78,12 @@ def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, t
     proc = launch_trainer(path, out, kafka_config, 2, *shape)
     await_step(out, kill_at, proc)
     kill_tree(proc)
-    latest = (out / "checkpoints" / "latest").read_text().strip()
-    ckpt_step = int(latest.removeprefix("step"))
-    assert ckpt_step % ACCUM == 0, f"checkpoint {latest} taken inside an accumulation window (killed at {kill_at})"
+    ckpt_step = resume_step(out)
+    tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
+    assert ckpt_step and all(int(t.removeprefix("step")) % ACCUM == 0 for t in tags), \
+        f"checkpoints {tags} taken inside an accumulation window (killed at {kill_at})"
     first = rows(out)
+    losses = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl")}
     # a window's keys are logged only once its optimizer step ran: none of the killed window's
     assert all(r["step"] <= r["optimizer_step"] * ACCUM for r in first), first[-2:]
     for f in out.glob("keys.*.jsonl"):
@@ -101,6 +105,12 @@ def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, t
                             for r in (0, 1) for s in range(ckpt_step + 1, MICRO_STEPS + 1)}
     committed = skafka.committed_offsets(kafka_config, f"accum-{zero}", m.topic, range(PARTITIONS))
     assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
+    # same weights, optimizer and data after the checkpoint: the resumed loss continues the killed life's curve
+    resumed = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > ckpt_step}
+    assert resumed[ckpt_step + 1] == pytest.approx(losses[ckpt_step + 1], rel=1e-3)
+    # old checkpoints are pruned (keep_checkpoints = 2): the final one and the one before it remain
+    tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
+    assert len(tags) == 2 and tags[-1] == f"step{MICRO_STEPS:08d}"  # the padding micro-steps count no step
     if zero == 2:  # under bf16 the routers' selection biases stay fp32 (DeepSpeed casts parameters, not buffers):
         from safetensors import safe_open  # in bf16 a bias >= 0.5 could not move by gamma = 1e-3
 
