@@ -12,8 +12,8 @@ ones; no text is shuffled or persisted) → ``build_manifest``. Memory per task 
 whatever the file sizes; the driver logs the job's progress (spark_jobs/progress.py).
 
 Delivery is exactly-once for read_committed consumers: Kafka transactions per Spark partition, each
-with a done record, fenced on retry, a retry resuming after what was committed (spark_jobs/publish.py). The manifest is written last and atomically: it is the
-commit point of the run.
+with a done record, fenced on retry, a retry resuming after what was committed (spark_jobs/publish.py).
+The manifest is written last and atomically: it is the commit point of the run.
 """
 
 from __future__ import annotations
