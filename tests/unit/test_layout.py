@@ -146,3 +146,24 @@ def test_several_nodes_get_a_launcher_each_joining_one_rendezvous(tmp_path):
     assert rc.read_text().strip() == "3" and time.monotonic() - started < 10
     subprocess.run(["/bin/bash", "-c", supervise([["true"], ["true"]], rc)], check=True, timeout=20)
     assert rc.read_text().strip() == "0"
+
+
+def test_a_remote_nodes_ranks_are_tagged_and_stopped_through_the_node_shell(tmp_path):
+    """On another node the launcher's processes carry the trainer's tag too, and the stop before a relaunch
+    runs `python -m stoker.process stop-tagged` there through `train.node_shell` (here a shell on this
+    machine standing in for ssh: the command it is given is what ssh would run on the node)."""
+    import os
+    import sys
+
+    from stoker.process import TAG_VAR, tagged
+    from stoker_airflow.launcher import Placement
+
+    launcher = TrainerLauncher(TrainerFiles(tmp_path / "t"))
+    placement = Placement(world_size=2, nodes=["127.0.0.1", "gpu2"], node_shell="env NODE={host} bash -c")
+    remote = launcher.commands("/r/manifest.json", "debug_cpu", placement, [])[1]
+    assert f"{TAG_VAR}={tmp_path / 't'}" in remote[-1]  # the remote launcher and its ranks are tagged
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                            env={**os.environ, TAG_VAR: str(tmp_path / "t")})  # a rank left running "there"
+    assert tagged(str(tmp_path / "t")) == [rank.pid]
+    launcher._stop_remote(placement, "gpu2", grace=5)
+    assert rank.wait(timeout=30) != 0 and not tagged(str(tmp_path / "t"))
