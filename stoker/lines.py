@@ -304,6 +304,10 @@ def _loss(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _of(parent: dict[str, Any]) -> str:
+    return f" (corpus `{parent['corpus']}`)" if parent.get("corpus") else ""
+
+
 def model_card(n: Night) -> str:
     """A README a user can read: the line, its parent, every night it was trained on, the recipe, the loss."""
     start = n.lineage[0].get("init", "random") if n.lineage and "init" in n.lineage[0] else "random"
@@ -312,7 +316,7 @@ def model_card(n: Night) -> str:
         "---", "library_name: transformers", "tags: [stoker, continued-pretraining]", "---", "",
         f"# Model line `{n.line}`, night {n.ds}", "",
         f"Trained by Stoker from corpus `{n.corpus}` on {n.trained_at}. Parent: "
-        + (f"night {n.parent['ds']} of line `{n.parent['line']}`." if n.parent["kind"] == "night"
+        + (f"night {n.parent['ds']}{_of(n.parent)} of line `{n.parent['line']}`." if n.parent["kind"] == "night"
            else f"{n.parent['kind']} start ({n.parent.get('path') or 'the recipe shape'})."),
         f"The line started from: {start}. Role of this night: {n.parent.get('role', 'head')}.", "",
         f"Recipe `{n.recipe}`, {n.world_size} rank(s); tokenizer `{n.tokenizer['path']}` "

@@ -170,7 +170,8 @@ def _render_line(line: dict[str, Any] | None) -> list[str]:
     if not line:
         return []
     p = line["parent"]
-    start = f"night {p['ds']}" if p["kind"] == "night" else p.get("path") or "random weights"
+    of = f" of {p['corpus']}" if p.get("corpus") else ""
+    start = f"night {p['ds']}{of}" if p["kind"] == "night" else p.get("path") or "random weights"
     role = "" if p.get("role", "head") == "head" else " (a branch: the head does not take it)"
     state = f"joined{role}; model card {line['card']}" if line["joined"] else "not joined (training did not finish)"
     return [f"  model line       {line['line']}: continued {start}; {state}"]

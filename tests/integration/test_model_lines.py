@@ -71,7 +71,7 @@ def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_
         from stoker.runs import render, summary
 
         shown = render(summary(tmp_path / "2026-11-02"))  # what `stoker runs show` prints
-        assert f"model line       {settings.line}: continued night 2026-11-01; joined; model card" in shown
+        assert f"model line       {settings.line}: continued night 2026-11-01 of lines; joined; model card" in shown
         # the line's own copy of night 2 loads offline as a model
         from transformers import AutoModelForCausalLM
 
