@@ -17,6 +17,7 @@ from typing import Any
 from stoker import kafka as skafka
 from stoker.exceptions import StokerError
 from stoker.layout import CHECKPOINT_COMPLETE, CHECKPOINT_TAG, checkpoint_tag, complete_checkpoints
+from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.train.checkpoint")
 
@@ -51,10 +52,8 @@ def save(engine: Any, source: Any, step: int, ckpt_dir: Path, *, kafka_config: d
     dist.barrier()
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"data": data, "step": step, **(extra or {})})
     dist.barrier()  # every rank's shards are on disk: only now is the tag complete
-    if node_leader:
-        mark = ckpt_dir / tag / CHECKPOINT_COMPLETE
-        mark.with_suffix(".tmp").write_text(json.dumps({"step": step, "world": dist.get_world_size()}))
-        os.replace(mark.with_suffix(".tmp"), mark)
+    if node_leader:  # each node's leader (nodes may share the folder: a temporary file of its own each)
+        atomic_write_json(ckpt_dir / tag / CHECKPOINT_COMPLETE, {"step": step, "world": dist.get_world_size()})
     dist.barrier()
     if dist.get_rank() == 0 and kafka_config is not None:
         offsets = {int(p): o for p, o in data["next_offsets"].items()}
