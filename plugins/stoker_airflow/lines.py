@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import LineLayout, NightFiles, TrainerFiles
-from stoker.lines import Parent, TokenizerFacts, check_agreement, night_record, plan, promote, tokenizer_facts
+from stoker.lines import (
+    LeaseHolder,
+    Parent,
+    TokenizerFacts,
+    check_agreement,
+    give_back_lease,
+    night_record,
+    plan,
+    promote,
+    take_lease,
+    tokenizer_facts,
+)
 from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.lines")
@@ -69,6 +80,50 @@ def check_before_publish(cfg: Any, ds: str) -> Parent:
 def _manifest_tokenizer(manifest: Any) -> TokenizerFacts:
     return TokenizerFacts(path=manifest.tokenizer_path, sha256=manifest.tokenizer_sha256,
                           vocab_size=manifest.vocab_size, eos_id=manifest.eos_id, pad_id=manifest.pad_id)
+
+
+LEASE_WAIT_S = 20
+"""How long a night whose line trains another night waits (up_for_reschedule, its pool slot given up)
+before it looks again."""
+_TASK_OVER = {"success", "failed", "skipped", "upstream_failed", "removed"}
+
+
+def lease_holder_of(ti: Any, manifest: Any) -> LeaseHolder:
+    return LeaseHolder(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, corpus=manifest.corpus,
+                       ds=manifest.ds, topic=manifest.topic)
+
+
+def _task_alive(holder: LeaseHolder) -> bool:
+    """Whether the holder's train task can still run, from Airflow's own record (through the task SDK)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    states = RuntimeTaskInstance.get_task_states(dag_id=holder.dag_id, task_ids=[holder.task_id],
+                                                 run_ids=[holder.run_id])
+    run = states.get(holder.run_id) or {}
+    if holder.task_id not in run:
+        return False  # its run was deleted
+    return run[holder.task_id] not in _TASK_OVER
+
+
+def take_line_lease(settings: LineSettings, manifest: Any, ti: Any, alive: Any = None) -> None:
+    """Hold the line's training lease from launch until the night joined its line (or its task failed for
+    good). While another night of the line holds it, this task is rescheduled: it gives up the line's pool
+    slot, so the holder (waiting for its slot to resume) can finish and join first."""
+    holder = take_lease(settings.layout, lease_holder_of(ti, manifest), alive or _task_alive)
+    if holder is not None:
+        from datetime import UTC, datetime, timedelta
+
+        from airflow.sdk.exceptions import AirflowRescheduleException
+
+        log.info("line %s trains %s: night %s of %s waits for it to join the line (looks again in %d s)",
+                 settings.line, holder.describe(), manifest.ds, manifest.corpus, LEASE_WAIT_S)
+        raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=LEASE_WAIT_S))
+
+
+def give_back_line_lease(settings: LineSettings, manifest: Any, ti: Any) -> None:
+    if give_back_lease(settings.layout, lease_holder_of(ti, manifest)):
+        log.info("line %s: night %s of %s gave back the training lease", settings.line, manifest.ds,
+                 manifest.corpus)
 
 
 def launch_parent(settings: LineSettings, files: TrainerFiles, manifest: Any) -> Parent:

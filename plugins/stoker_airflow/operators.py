@@ -15,7 +15,15 @@ from stoker import paths
 from stoker.config import NODE_SHELL
 from stoker_airflow.hooks import StokerKafkaHook
 from stoker_airflow.launcher import LOCAL_HOSTS, Placement
-from stoker_airflow.lines import LineSettings, check_before_publish, join_line, launch_parent, trainer_args
+from stoker_airflow.lines import (
+    LineSettings,
+    check_before_publish,
+    give_back_line_lease,
+    join_line,
+    launch_parent,
+    take_line_lease,
+    trainer_args,
+)
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -280,6 +288,8 @@ class DeepSpeedTrainOperator(BaseOperator):
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(skipped)
+        if self.line:  # before anything of the night's trainer is touched: another night may hold the line
+            take_line_lease(LineSettings(**self.line), m, context["ti"])
         launcher = self._launcher(m)
         launcher.adopt_or_reset(m)
         placement = self._placement()
@@ -318,14 +328,19 @@ class DeepSpeedTrainOperator(BaseOperator):
         m = read_manifest(self.manifest_path)
         launcher = self._launcher(m)
         launcher.files.secrets.unlink(missing_ok=True)
+        settings = LineSettings(**self.line) if self.line else None
         if event["status"] == "caught_up":
-            night = join_line(LineSettings(**self.line), m, launcher.files) if self.line else None
+            night = join_line(settings, m, launcher.files) if settings else None
+            if settings:
+                give_back_line_lease(settings, m, context["ti"])
             return {**launcher.describe(m.topic), "consumed": True, "line_night": str(night.folder) if night else None}
         why = lag_failure(event, m, consumer_group(m.topic), launcher.files, self.timeout_s)
         failure = _read_failure(launcher.files.failure)
         tries, restarts = context["ti"].try_number, self.retries or 0
         if event["status"] != "trainer_failed" or failure or tries > restarts:
             launcher.stop(self._placement())  # failed for good: no trainer may go on training the night
+            if settings:  # the line's next night may train (a retry keeps the lease: it continues the night)
+                give_back_line_lease(settings, m, context["ti"])
         if failure:  # the trainer's own word: a relaunch cannot fix it (data deleted before it was read)
             raise AirflowFailException(f"{failure.get('message')} (trainer log: {launcher.files.log})")
         if event["status"] != "trainer_failed":

@@ -1,0 +1,105 @@
+"""One night of a model line trains at a time, also in the gaps of the line's Airflow pool: a train
+task is out of its pool slot between its trigger firing and its resume (`scheduled`) and between a
+failed try and its retry (`up_for_retry`). The line's training lease covers those gaps (CI caught
+two nights of one line training at once under the scheduler: the second did not continue the first)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from stoker.layout import RunLayout
+from stoker.lines import LeaseHolder, lease_holder
+from stoker.manifest import Manifest, PartitionRange, write_manifest
+
+pytestmark = pytest.mark.unit
+
+
+def _manifest(corpus: str, ds: str = "2026-12-01") -> Manifest:
+    return Manifest(run_id=f"{corpus}/{ds}", corpus=corpus, ds=ds, topic=f"stoker.{corpus}.{ds}.a1",
+                    partitions=[PartitionRange(partition=0, start_offset=0, end_offset=10, sequences=10)],
+                    seq_len=64, dtype="uint16", tokenizer_path="t", tokenizer_sha256="x", vocab_size=10,
+                    docs_in=5, docs_kept=5, docs_dropped={}, tokens=640, padding_tokens=0, sequences=10,
+                    source_uri="data", created_at="2026-12-01T00:00:00")
+
+
+def _ti(corpus: str, try_number: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(dag_id=f"refresh_{corpus}", run_id="manual__2026-12-01", task_id="training.train",
+                           try_number=try_number)
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _operator(home, corpus: str, retries: int = 2):
+    from stoker_airflow.lines import LineSettings
+    from stoker_airflow.operators import DeepSpeedTrainOperator
+
+    run = RunLayout.of(corpus, "2026-12-01")
+    write_manifest(run.run_dir, _manifest(corpus))
+    return DeepSpeedTrainOperator(task_id="train", manifest_path=str(run.manifest), retries=retries,
+                                  line=LineSettings(line="pair").to_dict())
+
+
+def _holder(corpus: str) -> LeaseHolder:
+    return LeaseHolder(dag_id=f"refresh_{corpus}", run_id="manual__2026-12-01", task_id="training.train",
+                       corpus=corpus, ds="2026-12-01", topic=f"stoker.{corpus}.2026-12-01.a1")
+
+
+def test_a_night_waits_out_of_the_pool_while_another_night_of_its_line_holds_the_lease(home, monkeypatch):
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    from stoker_airflow import lines
+
+    lines.take_line_lease(lines.LineSettings(line="pair"), _manifest("pair_a"), _ti("pair_a"),
+                          alive=lambda h: pytest.fail("a free lease asks nobody"))
+    asked = []
+    monkeypatch.setattr(lines, "_task_alive", lambda h: asked.append(h.corpus) or True)  # pair_a: `scheduled`
+    op = _operator(home, "pair_b")
+    with pytest.raises(AirflowRescheduleException):
+        op.execute({"ti": _ti("pair_b")})
+    assert asked == ["pair_a"]
+    assert not list((RunLayout.of("pair_b", "2026-12-01").run_dir / "train").glob("*"))  # nothing launched
+    assert lease_holder(lines.LineSettings(line="pair").layout).corpus == "pair_a"
+
+
+def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_kept_for_a_retry(home, monkeypatch):
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from stoker_airflow import lines
+
+    layout = lines.LineSettings(line="pair").layout
+    op = _operator(home, "pair_a", retries=2)
+    import stoker_airflow.operators as ops
+
+    monkeypatch.setattr(ops, "join_line", lambda *a: SimpleNamespace(folder=home / "night"))
+    lines.take_line_lease(lines.LineSettings(line="pair"), _manifest("pair_a"), _ti("pair_a"))
+    with pytest.raises(AirflowException) as e:  # died, restarts left: the retry continues this night
+        op.execute_complete({"ti": _ti("pair_a", 1)}, {"status": "trainer_failed", "rc": -9, "lag": 4})
+    assert not isinstance(e.value, AirflowFailException)
+    assert lease_holder(layout).corpus == "pair_a"
+    op.execute_complete({"ti": _ti("pair_a", 2)}, {"status": "caught_up", "rc": 0, "lag": 0})
+    assert lease_holder(layout) is None  # joined: the next night may train
+
+    lines.take_line_lease(lines.LineSettings(line="pair"), _manifest("pair_a"), _ti("pair_a"))
+    with pytest.raises(AirflowFailException):  # a relaunch cannot fix a timeout
+        op.execute_complete({"ti": _ti("pair_a", 1)}, {"status": "timeout", "lag": 4, "partitions": {"0": 4}})
+    assert lease_holder(layout) is None
+
+
+def test_a_holder_whose_task_is_over_is_taken_over_and_a_retry_keeps_its_own(home):
+    from stoker.lines import give_back_lease, take_lease
+    from stoker_airflow.lines import LineSettings
+
+    layout = LineSettings(line="pair").layout
+    assert take_lease(layout, _holder("pair_a"), holder_alive=lambda h: True) is None
+    assert take_lease(layout, _holder("pair_a"), holder_alive=lambda h: pytest.fail("its own")) is None  # a retry
+    assert take_lease(layout, _holder("pair_b"), holder_alive=lambda h: True).corpus == "pair_a"
+    assert take_lease(layout, _holder("pair_b"), holder_alive=lambda h: False) is None  # pair_a died with its worker
+    assert lease_holder(layout).corpus == "pair_b"
+    assert not give_back_lease(layout, _holder("pair_a"))  # not its to give back
+    assert give_back_lease(layout, _holder("pair_b")) and lease_holder(layout) is None
