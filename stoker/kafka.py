@@ -130,7 +130,7 @@ def create_topic(
             raise StokerError(
                 f"topic {name!r} exists with {have} partitions, expected {partitions}: delete it first") from e
         return False
-    _await_topic(config, name, partitions)
+    await_topic(config, name, partitions)
     return True
 
 
@@ -165,18 +165,31 @@ def recreate_topic(
         time.sleep(0.5)
 
 
-def _await_topic(config: Mapping[str, Any], name: str, partitions: int, timeout: float = 30.0) -> None:
-    """Metadata propagates asynchronously: wait until every partition has a leader."""
+def await_topic(config: Mapping[str, Any], name: str, partitions: int, timeout: float = 30.0) -> None:
+    """Metadata propagates asynchronously: wait until every broker of the cluster knows the topic with a
+    leader for every partition (one that does not yet answers UNKNOWN_TOPIC_OR_PART, e.g. to a
+    describe_configs or a produce routed to it)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        md = admin(config).list_topics(topic=name, timeout=TIMEOUT_S)
-        t = md.topics.get(name)
-        if t is not None and t.error is None and len(t.partitions) == partitions and all(
-            p.leader >= 0 for p in t.partitions.values()
-        ):
-            return
-        time.sleep(0.2)
-    raise KafkaTimeout(f"topic {name!r} has no leader for every partition after {timeout:.0f}s")
+    first = admin(config)
+    brokers = {b.id: f"{b.host}:{b.port}" for b in first.list_topics(timeout=TIMEOUT_S).brokers.values()}
+    clients = {bid: admin({**config, "bootstrap.servers": addr}) for bid, addr in brokers.items()} or {-1: first}
+    waiting = set(clients)
+    while waiting and time.monotonic() < deadline:
+        for bid in sorted(waiting):
+            try:
+                t = clients[bid].list_topics(topic=name, timeout=TIMEOUT_S).topics.get(name)
+            except Exception:  # noqa: BLE001 - a broker that does not answer yet: ask again
+                continue
+            if t is not None and t.error is None and len(t.partitions) == partitions and all(
+                p.leader >= 0 for p in t.partitions.values()
+            ):
+                waiting.discard(bid)
+        if waiting:
+            time.sleep(0.2)
+    if waiting:
+        late = ", ".join(f"{b} at {brokers.get(b, '?')}" for b in sorted(waiting))
+        raise KafkaTimeout(f"topic {name!r}: brokers {late} did not know it with a leader for every partition "
+                           f"after {timeout:.0f}s")
 
 
 def delete_topics(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:

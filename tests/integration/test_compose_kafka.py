@@ -48,6 +48,7 @@ def test_the_compose_kafka_cluster_replicates_and_enforces_min_isr(cluster):
     # a topic created with the brokers' defaults (as the compose corpora's RF 3 asks)
     futures = admin.create_topics([NewTopic("compose.check", num_partitions=3)])
     futures["compose.check"].result(30)
+    skafka.await_topic(client, "compose.check", 3)  # every broker knows it (else UNKNOWN_TOPIC_OR_PART below)
     md = admin.list_topics("compose.check", timeout=10).topics["compose.check"]
     assert all(len(p.replicas) == 3 for p in md.partitions.values())
     res = ConfigResource(ConfigResource.Type.TOPIC, "compose.check")
