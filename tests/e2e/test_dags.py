@@ -278,10 +278,12 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
 
 
 DAG_TEST_SECURE = """
-import json
+import json, sys
 from datetime import datetime, timezone
 import dags.refresh_dags as m
-run = m.refresh_sample.test(logical_date=datetime(2026, 12, 9, tzinfo=timezone.utc))
+# a smaller drop of the same kinds of records: this test is about the connection, not the volume
+run = m.refresh_sample.test(logical_date=datetime(2026, 12, 9, tzinfo=timezone.utc),
+                            run_conf={"source_uri": sys.argv[1]})
 print("STATE=" + json.dumps(str(run.state)))
 """
 
@@ -305,10 +307,14 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
         f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events}\n")
     env = {**os.environ, "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": extra}),
            "SPARK_CONF_DIR": str(tmp_path / "spark-conf")}
+    from stoker.local import sample
+
+    drop = tmp_path / "drop"
+    sample.write_corpus(drop, shards=2, max_docstring_bytes=120_000)
     listings = _ProcessListings()
     listings.start()
-    out = subprocess.run([sys.executable, "-c", DAG_TEST_SECURE], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run([sys.executable, "-c", DAG_TEST_SECURE, str(drop)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
     log = out.stdout + out.stderr
     assert 'STATE="success"' in out.stdout, log[-4000:]
     run_dir = RunLayout.of("sample", "2026-12-09").run_dir

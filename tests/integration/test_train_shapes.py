@@ -1,5 +1,5 @@
 """The trainer in the shapes users run, on the real broker: gradient accumulation (both GPU recipes
-accumulate) under ZeRO 1, 2 and 3, killed at a random micro-step inside a window and resumed.
+accumulate) under ZeRO 2 and 3, killed at a random micro-step inside a window and resumed.
 
 Every key is trained once, counted against Kafka's own ConsoleConsumer, and only keys whose optimizer
 step ran count as trained; the optimizer steps equal an uninterrupted run's (the last, partial window is
@@ -68,7 +68,8 @@ def rows(out: Path, suffix: str = ".jsonl") -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("zero", [2, 3])  # ZeRO-1 is DeepSpeed's same optimizer as ZeRO-2 (stage_1_and_2.py,
+# gradients not partitioned): bench/gpu_bench.py runs it on a GPU; the suite keeps its minutes for 2 and 3
 def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, tmp_path, zero):
     m, path, kafka_config, reference = published
     shape = ["--set", f"grad_accum_steps={ACCUM}", "--set", f"zero_stage={zero}", "--checkpoint-every", "2",
@@ -123,7 +124,7 @@ def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, t
 
         model = AutoModelForCausalLM.from_pretrained(summary["export"], local_files_only=True)
         assert all(p.numel() > 0 for p in model.parameters())
-        assert model.model.embed_tokens.weight.shape == (m.vocab_size, 256)
+        assert model.model.embed_tokens.weight.shape == (m.vocab_size, 128)  # debug_cpu's hidden size
 
 
 def test_max_steps_inside_a_window_finishes_the_window(published, tmp_path):
