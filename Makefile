@@ -28,11 +28,13 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: versions help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit lint bench soak up down clean
+.PHONY: versions help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench soak up down clean
 
 help:
 	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
+	@echo "make test-quick  the unit tests only (no service started, under two minutes)"
+	@echo "make docs   regenerate docs/config.md, the configuration reference, from the code"
 	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap; folder vs S3 vs HDFS;"
 	@echo "            the publish step vs Kafka's ProducerPerformance; a 2.8 GB generated corpus (a 2.2 GB file,"
 	@echo "            many small, .zst, Parquet) through tokenize_publish at default settings (~40 min)"
@@ -120,6 +122,14 @@ test: setup stack-deps browser-deps test-servers
 
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+# the unit tests alone, no service started (under two minutes); needs the venv only
+test-quick: venv
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+# docs/config.md from the config dataclasses' docstrings (a unit test fails when it drifts)
+docs: venv
+	$(BIN)/python -m stoker.reference
 
 lint: venv
 	$(BIN)/ruff check stoker spark_jobs plugins dags training tests bench

@@ -35,7 +35,6 @@ all read the same files.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -47,8 +46,6 @@ from stoker import paths
 from stoker.exceptions import ConfigError, StokerError
 from stoker.layout import CHECKPOINT_COMPLETE, LineLayout, NightFiles, complete_checkpoints
 from stoker.manifest import atomic_write_json, sha256_file
-
-log = logging.getLogger("stoker.lines")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,13 +116,14 @@ def _order(record: dict[str, Any]) -> tuple[int, str, str]:
     return int(record.get("seq", 0)), str(record["ds"]), str(record.get("corpus", ""))
 
 
-def _records(line: LineLayout) -> list[tuple[dict[str, Any], NightFiles]]:
+def joined_nights(line: LineLayout) -> list[tuple[dict[str, Any], NightFiles]]:
+    """Every night of the line with its record, in join order."""
     return sorted(((read_night(n), n) for n in line.nights()), key=lambda rn: _order(rn[0]))
 
 
 def head(line: LineLayout) -> dict[str, Any] | None:
     """The record of the night that joined last as the line's continuation, None before the first."""
-    heads = [r for r, _ in _records(line) if r.get("parent", {}).get("role", "head") == "head"]
+    heads = [r for r, _ in joined_nights(line) if r.get("parent", {}).get("role", "head") == "head"]
     return heads[-1] if heads else None
 
 
@@ -137,7 +135,7 @@ def _holds(record: dict[str, Any], ds: str, corpus: str) -> bool:
 def plan(line: LineLayout, ds: str, corpus: str, init: str, older_nights: str) -> Parent:
     """The parent of night (``ds``, ``corpus``) and its role (see the module's rules); refuses a night
     the head cannot take if told to."""
-    others = [(r, n) for r, n in _records(line) if (r["ds"], r.get("corpus")) != (ds, corpus)]
+    others = [(r, n) for r, n in joined_nights(line) if (r["ds"], r.get("corpus")) != (ds, corpus)]
     heads = [(r, n) for r, n in others if r.get("parent", {}).get("role", "head") == "head"]
     top = heads[-1] if heads else None
     if top is not None and top[0]["ds"] <= ds and not _holds(top[0], ds, corpus):
@@ -276,7 +274,7 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path) -> 
         raise StokerError(f"{checkpoints}: no complete checkpoint to promote (none marked "
                           f"{CHECKPOINT_COMPLETE}): the night's trainer did not finish saving")
     final = line.night(night.ds, night.corpus)
-    night.seq = max((int(r.get("seq", 0)) for r, _ in _records(line)), default=0) + 1
+    night.seq = max((int(r.get("seq", 0)) for r, _ in joined_nights(line)), default=0) + 1
     new = NightFiles(line.store / f"{final.folder.name}.{night.seq}.{os.getpid()}")
     shutil.rmtree(new.folder, ignore_errors=True)
     new.checkpoint.mkdir(parents=True)
@@ -337,91 +335,3 @@ def model_card(n: Night) -> str:
     total = sum(e["tokens"] for e in rows)
     lines += ["", f"{len(rows)} night(s), {total:,} tokens in all.", ""]
     return "\n".join(lines)
-
-
-# --- the line's training lease --------------------------------------------------------------------------
-# The line's Airflow pool lets one train task run (or wait deferred) at a time, but a task leaves the pool
-# between its trigger firing and its resume (state `scheduled`), and between a failed try and its retry
-# (`up_for_retry`). Another night of the line would start training in that gap, from a line its night has
-# not joined yet. The lease closes it: taken at launch, given back when the night joined its line or its
-# task failed for good. A holder whose task is over (it died with its worker) is taken over.
-
-
-@dataclass(kw_only=True, slots=True)
-class LeaseHolder:
-    """The train task that trains a night of the line, and which night."""
-
-    dag_id: str
-    run_id: str
-    task_id: str
-    corpus: str
-    ds: str
-    topic: str
-    since: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-
-    def same_task(self, other: LeaseHolder) -> bool:
-        return (self.dag_id, self.run_id, self.task_id) == (other.dag_id, other.run_id, other.task_id)
-
-    def describe(self) -> str:
-        return f"night {self.ds} of {self.corpus} (run {self.run_id} of {self.dag_id}, since {self.since})"
-
-
-def _lease_file(line: LineLayout) -> Path:
-    return line.folder / "training.lease.json"
-
-
-class _Locked:
-    """An exclusive lock on the line's lease (fcntl, on a file of its own beside it)."""
-
-    def __init__(self, line: LineLayout) -> None:
-        self.path = line.folder / ".training.lease.lock"
-
-    def __enter__(self) -> _Locked:
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing releases the lock
-
-
-def lease_holder(line: LineLayout) -> LeaseHolder | None:
-    f = _lease_file(line)
-    try:
-        return LeaseHolder(**json.loads(f.read_text()))
-    except FileNotFoundError:
-        return None
-    except (json.JSONDecodeError, TypeError) as e:
-        raise StokerError(f"{f}: unreadable training lease ({e}): remove it when no night of line "
-                          f"{line.name} trains") from None
-
-
-def take_lease(line: LineLayout, me: LeaseHolder, holder_alive: Any) -> LeaseHolder | None:
-    """Take the line's training lease for ``me``; returns None when taken (or already held by this same
-    task: a retry, a resume), else the other holder, which still trains. ``holder_alive(holder)`` says
-    whether another holder's task can still run; one that cannot (it died without giving the lease back)
-    is taken over."""
-    with _Locked(line):
-        cur = lease_holder(line)
-        if cur is not None and not cur.same_task(me):
-            if holder_alive(cur):
-                return cur
-            log.warning("line %s: the training lease of %s is taken over: its task is over", line.name,
-                        cur.describe())
-        elif cur is not None:
-            me.since = cur.since
-        atomic_write_json(_lease_file(line), asdict(me))
-        return None
-
-
-def give_back_lease(line: LineLayout, me: LeaseHolder) -> bool:
-    """Give the lease back if ``me`` holds it (a no-op otherwise); True when given back."""
-    with _Locked(line):
-        cur = lease_holder(line)
-        if cur is None or not cur.same_task(me):
-            return False
-        _lease_file(line).unlink()
-        return True

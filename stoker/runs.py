@@ -65,12 +65,17 @@ def find_run(ref: str | None) -> Path:
             raise ManifestError(f"no runs under {paths.runs_dir()}: run `make run` first")
         return runs[-1]
     p = Path(ref)
-    if p.is_dir():
-        return p
-    candidate = paths.runs_dir() / ref
-    if candidate.is_dir():
+    candidate = p if p.is_dir() else paths.runs_dir() / ref
+    if (candidate / "manifest.json").is_file() or (candidate.is_dir() and candidate.name[:4].isdigit()):
         return candidate
-    raise ManifestError(f"run {ref!r} not found (looked in {candidate}): use <corpus>/<YYYY-MM-DD>")
+    if candidate.is_dir():  # a corpus: its latest published run
+        mine = [r for r in all_runs() if r.parent == candidate]
+        if mine:
+            return mine[-1]
+        raise ManifestError(f"corpus {candidate.name!r} has no published run in {candidate} "
+                            "(`stoker runs list` shows the unfinished ones and why)")
+    raise ManifestError(f"run {ref!r} not found (looked in {candidate}): use <corpus>, <corpus>/<YYYY-MM-DD> or a "
+                        "run folder; `stoker runs list` lists them")
 
 
 def training_skipped(m: Any) -> str | None:

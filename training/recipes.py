@@ -39,8 +39,11 @@ class ModelShape:
     q_lora_rank: int | None = None
     """MLA compressed query dimension (None: full-rank queries, as in V2-Lite)."""
     qk_rope_head_dim: int = 16
+    """MLA: the part of each query/key head that carries rotary position (RoPE)."""
     qk_nope_head_dim: int = 32
+    """MLA: the part of each query/key head without position."""
     v_head_dim: int = 32
+    """MLA: width of each value head."""
 
     def __post_init__(self) -> None:
         if self.experts_per_token > self.n_routed_experts:
@@ -53,6 +56,7 @@ class ModelShape:
 @dataclass(kw_only=True, slots=True)
 class TrainRecipe:
     name: str
+    """The recipe's name (a YAML recipe: its file name); recorded in every checkpoint and model card."""
     model: ModelShape = field(default_factory=ModelShape)
     micro_batch_size: int = 4
     """Sequences per rank per micro-step."""
@@ -65,6 +69,7 @@ class TrainRecipe:
     warmup_steps: int = 10
     """Linear warm-up steps (optimizer steps)."""
     weight_decay: float = 0.1
+    """AdamW's decoupled weight decay."""
     grad_clip: float = 1.0
     """Gradient-norm clipping."""
     zero_stage: int = 0
@@ -81,6 +86,7 @@ class TrainRecipe:
     bias_update_speed: float = 1e-3
     """DeepSeek-V3 auxiliary-loss-free balancing: gamma in bias += gamma * sign(mean load - load); 0 = off."""
     seed: int = 1234
+    """Seeds the model's random init (a line's first night); the data order never depends on it."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "grad_accum_steps", "checkpoint_every", "keep_checkpoints"):

@@ -13,18 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import LineLayout, NightFiles, TrainerFiles
-from stoker.lines import (
-    LeaseHolder,
-    Parent,
-    TokenizerFacts,
-    check_agreement,
-    give_back_lease,
-    night_record,
-    plan,
-    promote,
-    take_lease,
-    tokenizer_facts,
-)
+from stoker.lease import LeaseHolder, give_back_lease, take_lease
+from stoker.lines import Parent, TokenizerFacts, check_agreement, night_record, plan, promote, tokenizer_facts
 from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.lines")

@@ -134,6 +134,31 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs_list(args: argparse.Namespace) -> int:
+    from stoker import catalog
+
+    rows = catalog.list_runs()
+    print(json.dumps(rows, indent=2) if args.json else catalog.render_runs(rows))
+    return 0
+
+
+def _lines(args: argparse.Namespace) -> int:
+    from stoker import catalog
+
+    rows = catalog.line_nights(args.line)
+    print(json.dumps(rows, indent=2) if args.json else catalog.render_line(args.line, rows))
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"stoker {version('stoker')}"
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "stoker (not installed: `make setup`)"
+
+
 def _refresh(args: argparse.Namespace) -> int:
     import time
 
@@ -174,6 +199,7 @@ def _refresh(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="stoker", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, fn, text in (("up", _up, "start Kafka, PostgreSQL and Airflow; print the UI address and login"),
                            ("down", _down, "stop exactly what `stoker up` started"),
@@ -207,11 +233,21 @@ def build_parser() -> argparse.ArgumentParser:
     runs_p = sub.add_parser("runs", help="run summaries")
     runs_sub = runs_p.add_subparsers(dest="runs_cmd", required=True)
     show = runs_sub.add_parser("show", help="print a run's summary")
-    show.add_argument("run", nargs="?", help="<corpus>/<YYYY-MM-DD> or a run folder (default: latest)")
+    show.add_argument("run", nargs="?", help="<corpus> (its latest), <corpus>/<YYYY-MM-DD> or a run folder "
+                      "(default: the latest run)")
     show.add_argument("--latest", action="store_true")
     show.add_argument("--json", action="store_true", help="the summary as JSON")
     show.add_argument("--stages", action="store_true", help="a table of the run's stages")
     show.set_defaults(fn=_runs)
+    listing = runs_sub.add_parser("list", help="every run folder, failed and unfinished ones too, with why")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(fn=_runs_list)
+    lines_p = sub.add_parser("lines", help="model lines")
+    lines_sub = lines_p.add_subparsers(dest="lines_cmd", required=True)
+    ls = lines_sub.add_parser("show", help="the nights of a model line, in join order, its head marked")
+    ls.add_argument("line")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(fn=_lines)
     return ap
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from stoker.layout import RunLayout
-from stoker.lines import LeaseHolder, lease_holder
+from stoker.lease import LeaseHolder, lease_holder
 from stoker.manifest import Manifest, PartitionRange, write_manifest
 
 pytestmark = pytest.mark.unit
@@ -92,7 +92,7 @@ def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_ke
 
 
 def test_a_holder_whose_task_is_over_is_taken_over_and_a_retry_keeps_its_own(home):
-    from stoker.lines import give_back_lease, take_lease
+    from stoker.lease import give_back_lease, take_lease
     from stoker_airflow.lines import LineSettings
 
     layout = LineSettings(line="pair").layout
