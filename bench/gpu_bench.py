@@ -36,8 +36,8 @@ import numpy as np
 
 from spark_jobs.steps import Packer
 from stoker import records
+from stoker.recipes import get_recipe, with_overrides
 from training.data.batch import make_batch
-from training.recipes import get_recipe, with_overrides
 from training.trainer import ds_config, loss_sum, to_tensors
 
 EOS, PAD = 1, 0

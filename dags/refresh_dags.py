@@ -188,7 +188,7 @@ def config_errors_dag(errors: list[str]) -> DAG:
 
 def recipe_error(cfg: CorpusConfig) -> str | None:
     """The corpus's ``train.recipe`` must be a built-in or a valid ``corpora/recipes/<name>.yaml``."""
-    from training.recipes import get_recipe
+    from stoker.recipes import get_recipe
 
     try:
         get_recipe(cfg.train.recipe)

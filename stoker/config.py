@@ -230,7 +230,7 @@ class ScheduleConfig:
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     recipe: str = "debug_cpu"
-    """Named training recipe in training/recipes.py."""
+    """Named training recipe in stoker/recipes.py."""
     world_size: int = 1
     """Training ranks; topic.partitions must be a multiple of it."""
     timeout_s: int = 24 * 3600

@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 from stoker.exceptions import SourceError
-from stoker.sources import CONNECT_TIMEOUT_S, FileInfo
+from stoker.store import CONNECT_TIMEOUT_S, FileInfo
 
 WEBHDFS_DEFAULT_PORT = 9870
 

@@ -28,14 +28,14 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("Publishing", "publish", "stoker.config:PublishConfig"),
     ("Schedule", "schedule", "stoker.config:ScheduleConfig"),
     ("Training", "train", "stoker.config:TrainConfig"),
-    ("Recipe (`corpora/recipes/<name>.yaml`)", "", "training.recipes:TrainRecipe"),
-    ("Recipe model shape", "model", "training.recipes:ModelShape"),
+    ("Recipe (`corpora/recipes/<name>.yaml`)", "", "stoker.recipes:TrainRecipe"),
+    ("Recipe model shape", "model", "stoker.recipes:ModelShape"),
 ]
 
 INTRO = """\
 # Configuration reference
 
-Generated from the dataclasses that validate the files (`stoker/config.py`, `training/recipes.py`) by
+Generated from the dataclasses that validate the files (`stoker/config.py`, `stoker/recipes.py`) by
 `make docs`; a unit test fails when this page and the code differ. A corpus is one YAML file in
 `corpora/` (or `$STOKER_CORPORA`); a bad value fails when the DAG file is parsed, with an error naming the
 field, the value, the limit and what to do. A recipe is a built-in name (`debug_cpu`, `small_1gpu`,

@@ -66,7 +66,7 @@ def find_run(ref: str | None) -> Path:
         return runs[-1]
     p = Path(ref)
     candidate = p if p.is_dir() else paths.runs_dir() / ref
-    if (candidate / "manifest.json").is_file() or (candidate.is_dir() and candidate.name[:4].isdigit()):
+    if RunLayout(candidate).manifest.is_file() or (candidate.is_dir() and candidate.name[:4].isdigit()):
         return candidate
     if candidate.is_dir():  # a corpus: its latest published run
         mine = [r for r in all_runs() if r.parent == candidate]

@@ -21,12 +21,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from stoker.exceptions import SourceError
-
-CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 15.0
+from stoker.hdfs import HdfsStore
+from stoker.store import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, FileInfo, Store
 
 
 def is_data_file(name: str) -> bool:
@@ -43,15 +42,6 @@ def is_data_path(root: str, uri: str) -> bool:
         return False
     parts = [p for p in rel.split("/") if p]
     return bool(parts) and all(is_data_file(p) for p in parts)
-
-
-@dataclass(frozen=True, slots=True)
-class FileInfo:
-    uri: str
-    size: int
-    etag: str | None = None
-    mtime: float | None = None
-    """Last modification, epoch seconds (what the store reports)."""
 
 
 # ----------------------------------------------------------------------------------------------- S3
@@ -277,13 +267,6 @@ class LocalStore:
         p.write_bytes(data)
 
 
-class Store(Protocol):
-    def list_files(self, uri: str) -> list[FileInfo]: ...
-    def exists(self, uri: str) -> bool: ...
-    def check(self, uri: str) -> None: ...
-    def put(self, uri: str, data: bytes) -> None: ...
-
-
 def scheme_of(uri: str) -> str:
     return uri.split("://", 1)[0].lower() if "://" in uri else "file"
 
@@ -293,8 +276,6 @@ def open_store(uri: str, *, s3: S3Settings | None = None, webhdfs_url: str | Non
     if scheme in ("s3", "s3a"):
         return S3Store(s3 or S3Settings.from_env())
     if scheme == "hdfs":
-        from stoker.hdfs import HdfsStore
-
         return HdfsStore(webhdfs_url)
     if scheme == "file":
         return LocalStore()

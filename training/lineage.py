@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import NightFiles
-from training.recipes import TrainRecipe
+from stoker.recipes import TrainRecipe
 
 log = logging.getLogger("stoker.train.lineage")
 

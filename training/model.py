@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.recipes import TrainRecipe
+from stoker.recipes import TrainRecipe
 
 
 def build_config(recipe: TrainRecipe, vocab_size: int, seq_len: int, eos_id: int, pad_id: int) -> Any:

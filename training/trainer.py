@@ -24,11 +24,11 @@ from typing import Any
 from stoker import kafka as skafka
 from stoker.layout import TrainerFiles, consumer_group
 from stoker.manifest import Manifest, read_manifest
+from stoker.recipes import TrainRecipe, get_recipe
 from training import checkpoint, lineage
 from training.data.kafka_source import verify_consumed
 from training.export import export
 from training.progress import Progress, StepStats
-from training.recipes import TrainRecipe, get_recipe
 
 log = logging.getLogger("stoker.train")
 
@@ -132,7 +132,7 @@ def loss_sum(logits: Any, labels: Any) -> Any:
 
 def resolve_recipe(args: TrainArgs) -> TrainRecipe:
     """The named recipe with the command line's overrides, built and validated as a recipe file is."""
-    from training.recipes import parse_overrides, with_overrides
+    from stoker.recipes import parse_overrides, with_overrides
 
     overrides = parse_overrides(list(args.set))
     for key in ("micro_batch_size", "checkpoint_every"):

@@ -97,8 +97,8 @@ def _pretrain_deepseek(tokenizer: Path, docs: list[str], out: Path) -> float:
     import torch
     from tokenizers import Tokenizer
 
+    from stoker.recipes import debug_cpu
     from training.model import build_model
-    from training.recipes import debug_cpu
 
     tok = Tokenizer.from_file(str(tokenizer))
     eos, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>")

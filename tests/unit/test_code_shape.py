@@ -1,5 +1,6 @@
 """The code's shape, read from outside as a reviewer would: short functions and files, no import
-circle, and one owner (stoker/layout.py) for the names a run's surfaces share."""
+circle (not even through an import inside a function), and one owner (stoker/layout.py) for the names
+a run's surfaces share."""
 
 from __future__ import annotations
 
@@ -50,9 +51,11 @@ def test_no_function_is_over_the_limit():
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
-def _module_level_imports(tree: ast.Module) -> set[str]:
+def _imports(tree: ast.Module) -> set[str]:
+    """Every import of the module, at its top or inside a function: a lazy import is a circle too (it only
+    moves the failure to whichever call comes first)."""
     out: set[str] = set()
-    for node in tree.body:  # imports inside functions are deliberate (heavy or local-only) and not a circle
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -61,24 +64,44 @@ def _module_level_imports(tree: ast.Module) -> set[str]:
     return out
 
 
+def _circles(graph: dict[str, set[str]]) -> list[str]:
+    """Every strongly connected set of more than one module (Tarjan), each as 'a -> b -> ... -> a'."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[str] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(" <-> ".join(sorted(part)))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return found
+
+
 def test_no_import_circle():
     mods = {_module(p): p for p in _files()}
-    graph = {m: {i for i in _module_level_imports(ast.parse(p.read_text())) if i in mods and i != m}
+    graph = {m: {i for i in _imports(ast.parse(p.read_text())) if i in mods and i != m and not m.startswith(i + ".")}
              for m, p in mods.items()}
-    state: dict[str, int] = {}
-
-    def visit(m: str, stack: list[str]) -> None:
-        state[m] = 1
-        for n in graph[m]:
-            if state.get(n) == 1:
-                raise AssertionError(f"import circle: {' -> '.join([*stack[stack.index(n):], n])}")
-            if n not in state:
-                visit(n, [*stack, n])
-        state[m] = 2
-
-    for m in graph:
-        if m not in state:
-            visit(m, [m])
+    circles = _circles(graph)
+    assert not circles, "import circles (lazy imports included):\n" + "\n".join(circles)
 
 
 def test_the_contracts_import_no_local_stack_and_no_surface():

@@ -29,7 +29,7 @@ def test_the_reference_names_every_field_a_corpus_may_set():
 
 
 def test_the_example_recipe_loads_and_changes_what_it_says(monkeypatch):
-    from training.recipes import get_recipe, small_1gpu
+    from stoker.recipes import get_recipe, small_1gpu
 
     monkeypatch.setenv("STOKER_CORPORA", str(paths.REPO_ROOT / "corpora"))
     r, base = get_recipe("example"), small_1gpu()

@@ -56,7 +56,7 @@ class _Listing:
         return uri.rsplit("/", 1)[1] in self.names
 
     def list_files(self, uri):
-        from stoker.sources import FileInfo
+        from stoker.store import FileInfo
 
         return [FileInfo(f"{uri}/{n}", 1) for n in self.names]
 
