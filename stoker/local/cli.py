@@ -150,6 +150,17 @@ def _lines(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from stoker import check
+    from stoker.sources import S3Settings
+
+    conn = os.environ.get("AIRFLOW_CONN_KAFKA_DEFAULT")
+    kafka = json.loads(conn).get("extra") if conn else kbroker.default_broker().client_config()
+    found = check.check(args.corpus, args.ds, kafka=kafka, s3=S3Settings.from_env())
+    print(json.dumps(check.as_json(found), indent=2) if args.json else check.render(args.corpus, found))
+    return 0 if check.passed(found) else 1
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -230,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ds", help="logical date YYYY-MM-DD (default: today, UTC)")
     r.add_argument("--verbose", "-v", action="store_true", help="stream Airflow's, Spark's and the trainer's logs")
     r.set_defaults(fn=_refresh)
+    c = sub.add_parser("check", help="check a corpus and night before anything starts: config, recipe, tokenizer, "
+                       "model line, source and drop, Kafka (seconds; exit 1 when something must be fixed)")
+    c.add_argument("corpus")
+    c.add_argument("--ds", help="the night YYYY-MM-DD (default: today, UTC)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=_check)
     runs_p = sub.add_parser("runs", help="run summaries")
     runs_sub = runs_p.add_subparsers(dest="runs_cmd", required=True)
     show = runs_sub.add_parser("show", help="print a run's summary")
