@@ -190,11 +190,21 @@ def _refresh(args: argparse.Namespace) -> int:
             subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", step], env=env, check=True,
                            stdout=out, stderr=subprocess.STDOUT)
     cmd = [*airflow, "dags", "test", f"refresh_{args.corpus}", ds]
-    if args.verbose:
-        rc = subprocess.run(cmd, env=env).returncode
-    else:
-        print(f"refresh_{args.corpus} {ds}: Airflow, Spark and trainer logs in {log.parent}/ (--verbose shows them)")
-        rc = follow(cmd, env, log, RunWatcher(run, since))
+    try:
+        if args.verbose:
+            rc = subprocess.run(cmd, env=env).returncode
+        else:
+            print(f"refresh_{args.corpus} {ds}: Airflow, Spark and trainer logs in {log.parent}/ (--verbose shows "
+                  "them)")
+            rc = follow(cmd, env, log, RunWatcher(run, since))
+    except KeyboardInterrupt:
+        stopped = stop_trainers(run)
+        print(f"\nrefresh_{args.corpus} {ds} interrupted: Airflow's run and its Spark job stopped"
+              + (f", the trainer stopped ({len(stopped)} process(es))" if stopped else "")
+              + f". What was done stays in {run.run_dir}; `stoker refresh {args.corpus} --ds {ds}` runs the night "
+              "again (a published night is not published twice; training resumes from its last checkpoint).",
+              file=sys.stderr)
+        return 130
     if rc != 0:
         if not args.verbose:
             print(log_tail(log), file=sys.stderr)
@@ -205,6 +215,22 @@ def _refresh(args: argparse.Namespace) -> int:
     if not args.verbose:
         print(f"  logs             {log}")
     return 0
+
+
+def stop_trainers(run: RunLayout) -> list[int]:
+    """Stop every trainer of this run on this host: it runs detached from the terminal (its own session,
+    each rank too), so Ctrl-C reaches Airflow and Spark but not it. Its processes carry its folder as tag."""
+    from stoker.layout import TrainerFiles
+    from stoker.process import stop_tagged
+
+    stopped: list[int] = []
+    for folder in sorted(p for p in run.train_dir.glob("*") if p.is_dir()):
+        files = TrainerFiles(folder)
+        pid = files.process.pid()
+        stopped += stop_tagged(str(folder), grace=15)
+        if files.process.stop(grace=15) and pid is not None and pid not in stopped:
+            stopped.append(pid)
+    return stopped
 
 
 def build_parser() -> argparse.ArgumentParser:

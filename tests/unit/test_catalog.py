@@ -83,3 +83,30 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("stoker 0.")
+
+
+def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsys):
+    """The trainer runs detached (a session of its own, each rank too): Ctrl-C reaches `airflow dags test`
+    and Spark, not it. The refresh stops it before it returns."""
+    import os
+    import subprocess
+
+    from stoker.local import cli
+    from stoker.process import TAG_VAR, start_ticks
+
+    run = RunLayout.of("sample", "2026-12-01")
+    files = run.trainer("stoker.sample.20261201.a1")
+    files.folder.mkdir(parents=True)
+    shell = files.process.spawn(["sleep", "600"], log=files.log)
+    rank = subprocess.Popen(["sleep", "600"], env={**os.environ, TAG_VAR: str(files.folder)}, start_new_session=True)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.kbroker, "up", lambda *a, **k: None)
+    monkeypatch.setattr(cli.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    monkeypatch.setattr("stoker.local.progress.follow", interrupted)
+    assert main(["refresh", "sample", "--ds", "2026-12-01"]) == 130
+    rank.wait(timeout=20)
+    assert start_ticks(shell) is None and rank.returncode is not None
+    assert "interrupted" in capsys.readouterr().err
