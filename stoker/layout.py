@@ -116,6 +116,12 @@ class TrainerFiles:
         return self.folder / "parent.json"
 
     @property
+    def phase(self) -> Path:
+        """What rank 0 is doing before its first step (``{"phase", "at"}``): importing, joining the other
+        ranks, building the model, loading a checkpoint; ``stoker refresh`` shows it while it waits."""
+        return self.folder / "trainer_phase.json"
+
+    @property
     def failure(self) -> Path:
         """Written by a rank that failed in a way no relaunch can fix (``{"reason", "message"}``: data
         that retention deleted before it was read, say); the train task then fails for good."""

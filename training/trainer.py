@@ -23,7 +23,7 @@ from typing import Any
 
 from stoker import kafka as skafka
 from stoker.layout import TrainerFiles, consumer_group
-from stoker.manifest import Manifest, read_manifest
+from stoker.manifest import Manifest, atomic_write_json, read_manifest
 from stoker.recipes import TrainRecipe, get_recipe
 from training import checkpoint, lineage
 from training.data.kafka_source import verify_consumed
@@ -145,6 +145,10 @@ class Trainer:
     """One training session on one run topic; resumes the latest checkpoint in its folder."""
 
     def __init__(self, args: TrainArgs) -> None:
+        self.files = TrainerFiles(Path(args.out))
+        self.files.folder.mkdir(parents=True, exist_ok=True)
+        self.rank = int(os.environ.get("RANK", "0"))
+        self._phase("importing torch and DeepSpeed")
         import deepspeed
         import torch
         import torch.distributed as dist
@@ -155,25 +159,30 @@ class Trainer:
 
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        self._phase(f"joining the other ranks (world {os.environ.get('WORLD_SIZE', '1')}; on a first run DeepSpeed "
+                    "also compiles its shared-memory op, ~30 s, cached after)")
         deepspeed.init_distributed(dist_backend=dist_backend(torch.cuda.is_available()))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.args, self.manifest, self.recipe = args, read_manifest(args.manifest), resolve_recipe(args)
-        self.files = TrainerFiles(Path(args.out))
-        self.files.folder.mkdir(parents=True, exist_ok=True)
         self.kafka_config = skafka.config_from_env()
         self.group_id = args.group_id or consumer_group(self.manifest.topic)
         self.eos_id, self.pad_id = special_ids(self.manifest)
         if args.init_from:
+            self._phase(f"loading the weights it continues from {args.init_from}")
             model = lineage.load_model(args.init_from, self.manifest.seq_len, self.manifest.vocab_size)
         else:
+            self._phase(f"building the {self.recipe.name} model (random weights)")
             model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id,
                                 self.pad_id)
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
         scheduled = not (args.lr_schedule == "constant" and lineage.is_night(args.init_from))
+        self._phase(f"starting the DeepSpeed engine (ZeRO {self.recipe.zero_stage}, "
+                    f"{'bf16' if self.recipe.bf16 else 'fp32'})")
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=ds_config(self.recipe, math.ceil(self.manifest.sequences / global_batch), scheduled))
+        self._phase(f"opening the run topic {self.manifest.topic} (group {self.group_id})")
         self.source = KafkaTokenSource(kafka_config=self.kafka_config, manifest=self.manifest, rank=self.rank,
                                        world=self.world, batch_size=self.recipe.micro_batch_size,
                                        group_id=self.group_id)
@@ -185,6 +194,7 @@ class Trainer:
         self.window_keys: list[tuple[int, list[bytes]]] = []
         """This window's (step, keys), written to the keys audit log when its optimizer step runs."""
         self._resume()
+        self._phase("reading the first batch")
         self.loads = ExpertLoad(self.engine.module)
         self.balance = balance_stats([])
         self.metrics = Metrics(self.files, enabled=self.rank == 0)
@@ -197,10 +207,17 @@ class Trainer:
             if self.args.optimizer == "carry":
                 lineage.carry_optimizer(self.engine, self.args.init_from, self.recipe)
             return
+        self._phase(f"loading its last checkpoint from {self.files.checkpoints}")
         client = checkpoint.load(self.engine, self.files.checkpoints, expect_manifest=self.progress.publication)
         self.source.load_state_dict(client["data"])
         self.progress.load_state_dict(client)
         self.saved_step = self.progress.step
+
+    def _phase(self, what: str) -> None:
+        """Say what start-up is doing (rank 0, for ``stoker refresh``'s live line and the log)."""
+        if self.rank == 0:
+            log.info("start-up: %s", what)
+            atomic_write_json(self.files.phase, {"phase": what, "at": time.time()})
 
     def _open_keys_log(self) -> Any:
         if not self.args.log_keys:

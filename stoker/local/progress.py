@@ -95,14 +95,25 @@ class RunWatcher:
             m = read_manifest(self.run.manifest)
         except Exception:  # noqa: BLE001
             return ""
-        row = last_json_line(self.run.trainer(m.topic).metrics)
+        files = self.run.trainer(m.topic)
+        row = last_json_line(files.metrics)
         if not row:
-            return "starting DeepSpeed"
+            return self.starting(files)
         done = int(row.get("sequences_done", 0))
         rate = row.get("tokens_per_s", 0.0) / max(m.seq_len, 1)  # sequences per second
         eta = f"  ETA {_clock((m.sequences - done) / rate)}" if rate > 0 and done < m.sequences else ""
         return (f"step {row['step']}  loss {row['loss']:.3f}  {_si(row.get('tokens_per_s', 0))} tok/s  "
                 f"{done}/{m.sequences} seq ({100 * done / max(m.sequences, 1):.0f}%){eta}")
+
+    @staticmethod
+    def starting(files: Any, now: float | None = None) -> str:
+        """The trainer's start-up phase and how long it has been in it (before its first step)."""
+        try:
+            phase = json.loads(files.phase.read_text())
+        except (OSError, ValueError):
+            return "launching the ranks (torchrun)" if files.process.path.exists() else "launching the trainer"
+        spent = (time.time() if now is None else now) - float(phase.get("at", 0))
+        return f"starting: {phase.get('phase')} ({spent:.0f} s)"
 
     def line(self, now: float) -> tuple[str, str]:
         """(stage key, display line)."""

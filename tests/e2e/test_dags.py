@@ -112,6 +112,8 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     committed = skafka.committed_offsets(kafka_config, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
     assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
     assert Path(training["loss_curve"]).stat().st_size > 0
+    # the trainer named its start-up phases; the last one before step 1:
+    assert json.loads(RunLayout(run_dir).trainer(m.topic).phase.read_text())["phase"] == "reading the first batch"
     cli = subprocess.run([sys.executable, "-m", "stoker.local.cli", "runs", "show", "sample/2026-12-01", "--json"],
                          capture_output=True, text=True, check=True, env=os.environ.copy())
     assert json.loads(cli.stdout)["docs_kept"] == m.docs_kept

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import time
 
 import pytest
 
@@ -39,7 +41,10 @@ def test_the_line_follows_the_stages_and_the_trainer(tmp_path):
                                        "train": {"start": 1045.0}}))
     metrics = run.trainer(_manifest().topic).metrics
     metrics.parent.mkdir(parents=True)
-    assert "starting DeepSpeed" in w.line(1046.0)[1]
+    assert "launching the trainer" in w.line(1046.0)[1]
+    files = run.trainer(_manifest().topic)
+    files.phase.write_text(json.dumps({"phase": "joining the other ranks (world 2)", "at": time.time() - 42}))
+    assert re.search(r"starting: joining the other ranks \(world 2\) \(4[23] s\)", w.line(1047.0)[1])  # and how long
     rows = [{"step": i, "loss": 9.0 - i / 10, "tokens_per_s": 2560.0, "sequences_done": 4 * i} for i in (1, 2, 3)]
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "lo')  # a torn last line
     key, text = w.line(1050.0)
