@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.tokenize_publish")
 
@@ -20,9 +23,11 @@ def _mb(n: float) -> str:
 
 
 class JobProgress:
-    def __init__(self, spark: Any, every: float = 15.0) -> None:
+    def __init__(self, spark: Any, every: float = 15.0, out: Path | None = None, tick: float = 3.0) -> None:
+        """Logs a line every ``every`` s; with ``out`` (the run's ``spark_progress.json``) also writes it there
+        every ``tick`` s, where ``stoker refresh`` reads it."""
         sc = spark.sparkContext
-        self._sc, self.every = sc, every
+        self._sc, self.every, self.out, self.tick = sc, every, out, min(tick, every)
         self.bytes_read, self.docs, self.tokens = sc.accumulator(0), sc.accumulator(0), sc.accumulator(0)
         self.total_bytes = 0
         self.phase = "starting"
@@ -37,7 +42,10 @@ class JobProgress:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        log.info("progress: done: %s", self.line())
+        line = f"done: {self.line()}"
+        log.info("progress: %s", line)
+        if self.out is not None:
+            atomic_write_json(self.out, {"line": line, "at": time.time()})
 
     def set_phase(self, phase: str) -> None:
         """A new pass over the input: its bytes and documents count from zero (tokens run on)."""
@@ -67,8 +75,14 @@ class JobProgress:
                 f"{in_phase:.0f} s in this pass, {elapsed:.0f} s in all{eta}")
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        logged = time.monotonic()
+        while not self._stop.wait(self.tick):
             try:
-                log.info("progress: %s", self.line())
+                line = self.line()
+                if self.out is not None:
+                    atomic_write_json(self.out, {"line": line, "at": time.time()})
+                if time.monotonic() - logged >= self.every:
+                    log.info("progress: %s", line)
+                    logged = time.monotonic()
             except Exception:  # noqa: BLE001 - a progress line must never fail the job
                 continue

@@ -260,7 +260,8 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     t0 = time.monotonic()
     run = RunLayout(Path(run_dir))
     for_tasks, kafka_config = kafka_config, with_password_file(kafka_config)
-    with JobProgress(spark) as progress:
+    run.spark_progress.unlink(missing_ok=True)  # an earlier attempt's is not this one's
+    with JobProgress(spark, out=run.spark_progress) as progress:
         inputs = prepare(spark, cfg, ds, run, kafka_config)
         progress.set_phase("read, validate, dedup")
         staged = stage(spark, cfg, inputs, progress)

@@ -163,6 +163,11 @@ class RunLayout:
         return self.run_dir / "timings.json"
 
     @property
+    def spark_progress(self) -> Path:
+        """The Spark job's latest progress line (``{"line", "at"}``), for ``stoker refresh``'s live line."""
+        return self.run_dir / "spark_progress.json"
+
+    @property
     def summary(self) -> Path:
         return self.run_dir / "summary.json"
 

@@ -105,6 +105,11 @@ class RunWatcher:
         return (f"step {row['step']}  loss {row['loss']:.3f}  {_si(row.get('tokens_per_s', 0))} tok/s  "
                 f"{done}/{m.sequences} seq ({100 * done / max(m.sequences, 1):.0f}%){eta}")
 
+    def spark(self) -> str:
+        """The Spark job's own progress line (phase, tasks, bytes read of the total, docs/s, ETA)."""
+        row = last_json_line(self.run.spark_progress)
+        return f"Spark {row['line']}" if row and row.get("line") else ""
+
     @staticmethod
     def starting(files: Any, now: float | None = None) -> str:
         """The trainer's start-up phase and how long it has been in it (before its first step)."""
@@ -124,6 +129,8 @@ class RunWatcher:
         detail = STAGE_TEXT.get(stage, "")
         if stage == "await_published" or (stage == "tokenize_publish" and ended):
             detail = self.published() or detail
+        elif stage == "tokenize_publish":
+            detail = self.spark() or detail
         if stage == "train":
             detail = self.training() or detail
         state = "done" if ended else "..."

@@ -112,6 +112,7 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     committed = skafka.committed_offsets(kafka_config, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
     assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
     assert Path(training["loss_curve"]).stat().st_size > 0
+    assert "done: tokenise, pack, publish" in json.loads(RunLayout(run_dir).spark_progress.read_text())["line"]
     # the trainer named its start-up phases; the last one before step 1:
     assert json.loads(RunLayout(run_dir).trainer(m.topic).phase.read_text())["phase"] == "reading the first batch"
     cli = subprocess.run([sys.executable, "-m", "stoker.local.cli", "runs", "show", "sample/2026-12-01", "--json"],

@@ -36,6 +36,9 @@ def test_the_line_follows_the_stages_and_the_trainer(tmp_path):
                                        "tokenize_publish": {"start": 1002.5}}))
     key, text = w.line(1010.0)
     assert key == "tokenize_publish:..." and "Spark" in text and text.startswith("[0:10]")
+    run.spark_progress.write_text(json.dumps({"line": "read, validate, dedup: tasks 3/8, read 40.0 MB of 100.0 MB "
+                                                      "(40%), 9,000 docs (900/s), ETA 15 s", "at": 1009.0}))
+    assert "Spark read, validate, dedup: tasks 3/8, read 40.0 MB of 100.0 MB (40%)" in w.line(1011.0)[1]
     write_manifest(run.run_dir, _manifest())
     run.timings.write_text(json.dumps({"tokenize_publish": {"start": 1002.5, "end": 1040.0},
                                        "train": {"start": 1045.0}}))
