@@ -161,6 +161,21 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if check.passed(found) else 1
 
 
+def _gc(args: argparse.Namespace) -> int:
+    from stoker import gc
+
+    try:
+        plan = gc.plan_gc(args.keep_runs, args.keep_checkpoints, args.keep_nights)
+    except ValueError as e:
+        print(f"stoker gc: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(gc.as_json(plan), indent=2) if args.json else gc.render(plan, args.apply)  # sizes first
+    if args.apply:
+        gc.apply(plan)
+    print(text)
+    return 0
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -273,6 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ds", help="the night YYYY-MM-DD (default: today, UTC)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=_check)
+    g = sub.add_parser("gc", help="retention: old run folders, old nights' checkpoints (and nights); a dry run "
+                       "unless --apply; never a line's head, its last join, a HOLD night or a running trainer")
+    g.add_argument("--keep-runs", type=int, default=14, help="run folders kept per corpus, newest dates (14)")
+    g.add_argument("--keep-checkpoints", type=int, default=3,
+                   help="nights per line that keep their checkpoint (model + optimizer), newest joins (3)")
+    g.add_argument("--keep-nights", type=int, help="nights kept per line, newest joins (default: all)")
+    g.add_argument("--apply", action="store_true", help="remove what the plan lists")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(fn=_gc)
     runs_p = sub.add_parser("runs", help="run summaries")
     runs_sub = runs_p.add_subparsers(dest="runs_cmd", required=True)
     show = runs_sub.add_parser("show", help="print a run's summary")

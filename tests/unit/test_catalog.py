@@ -108,5 +108,5 @@ def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsy
     monkeypatch.setattr("stoker.local.progress.follow", interrupted)
     assert main(["refresh", "sample", "--ds", "2026-12-01"]) == 130
     rank.wait(timeout=20)
-    assert start_ticks(shell) is None and rank.returncode is not None
+    assert start_ticks(shell.pid) is None and rank.returncode is not None
     assert "interrupted" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""`stoker gc`: old run folders and old nights' checkpoints go (dry run first); a line's head, its last
+join, a held night and a running trainer's run never do; the line still plans after it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from test_line_rules import _join  # tests/unit: a night planned and promoted as the train task does
+
+from stoker.gc import HOLD, freed_bytes, plan_gc
+from stoker.layout import LineLayout, RunLayout
+from stoker.lines import head, plan
+from stoker.local.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _run(corpus: str, ds: str, mb: int = 1) -> RunLayout:
+    run = RunLayout.of(corpus, ds)
+    folder = run.trainer(f"stoker.{corpus}.{ds}.a1").checkpoints / "step00000010"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"x" * (mb << 20))
+    return run
+
+
+def test_old_runs_go_but_a_running_trainers_stays(home, capsys):
+    runs = [_run("web", f"2026-12-0{d}") for d in (1, 2, 3, 4)]
+    live = runs[0].trainer("stoker.web.2026-12-01.a1")
+    proc = live.process.spawn(["sleep", "600"], log=live.log)
+    try:
+        assert main(["gc", "--keep-runs", "2", "--json"]) == 0
+        listed = [r["path"] for r in json.loads(capsys.readouterr().out)]
+        assert listed == [str(runs[1].run_dir)]  # the 1st trains still, the 3rd and 4th are the newest two
+        assert all(r.run_dir.exists() for r in runs)  # a dry run
+        assert main(["gc", "--keep-runs", "2", "--apply"]) == 0
+        assert "1.0 MB freed" in capsys.readouterr().out
+        assert [r.run_dir.exists() for r in runs] == [True, False, True, True]
+    finally:
+        proc.kill()
+    assert main(["gc", "--keep-runs", "0"]) == 2
+
+
+def test_old_nights_lose_their_checkpoint_never_the_head_the_last_join_or_a_held_one(home):
+    line = LineLayout.of("shared")
+    for ds, corpus in (("2026-12-01", "web"), ("2026-12-02", "web"), ("2026-12-03", "web"), ("2026-12-04", "web"),
+                       ("2026-11-20", "web")):  # the last: older than the head, a branch that joined last
+        _join(line, home, ds, corpus=corpus)
+    (line.night("2026-12-01", "web").folder / HOLD).write_text("the model we shipped\n")
+    top = head(line)
+    removals = plan_gc(keep_checkpoints=1)
+    assert sorted((r.what, r.path) for r in removals) == sorted(
+        ("checkpoint", str(line.night(ds, "web").checkpoint)) for ds in ("2026-12-02", "2026-12-03"))
+    whole = plan_gc(keep_checkpoints=1, keep_nights=2)
+    assert {(r.what, r.path.rsplit("/", 1)[-1]) for r in whole} == {
+        ("night", "2026-12-02.web"), ("night", "2026-12-03.web")}  # the newest joins kept: 11-20 (last), 12-04 (head)
+    from stoker.gc import apply
+
+    apply(whole)
+    assert [n.folder.name for n in line.nights()] == ["2026-11-20.web", "2026-12-01.web", "2026-12-04.web"]
+    assert head(line) == top and plan(line, "2026-12-05", "web", "random", "branch").ds == "2026-12-04"
+
+
+def test_freed_bytes_count_a_hard_link_once_and_only_when_every_link_goes(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "f").write_bytes(b"x" * 1000)
+    os.link(a / "f", b / "f")
+    assert freed_bytes(a) == 0 and freed_bytes(a, b) == 1000
