@@ -114,7 +114,7 @@ sample: $(STATE)/data/sample/_SUCCESS
 $(STATE)/data/sample/_SUCCESS: stoker/local/sample.py | venv
 	$(BIN)/stoker sample-corpus --force
 
-run: setup
+run: setup stack-deps
 	$(BIN)/stoker refresh sample --ds $${DS:-$$(date -u +%F)}
 
 test: setup stack-deps browser-deps test-servers

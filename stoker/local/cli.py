@@ -188,7 +188,6 @@ def _version() -> str:
 def _refresh(args: argparse.Namespace) -> int:
     import time
 
-    from stoker.local.airflow_env import airflow_env
     from stoker.local.progress import RunWatcher, follow, log_tail
 
     ds = args.ds or datetime.now(UTC).date().isoformat()
@@ -196,14 +195,8 @@ def _refresh(args: argparse.Namespace) -> int:
     log = run.logs / f"refresh-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     since = time.time()
     kbroker.up()
-    env = {**os.environ, **airflow_env()}
+    env = refresh_env(log)
     airflow = [sys.executable, "-m", "airflow"]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        subprocess.run([*airflow, "db", "migrate"], env=env, check=True, stdout=out, stderr=subprocess.STDOUT)
-        for step in ("retire-legacy-assets", "sync-line-pools"):
-            subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", step], env=env, check=True,
-                           stdout=out, stderr=subprocess.STDOUT)
     cmd = [*airflow, "dags", "test", f"refresh_{args.corpus}", ds]
     try:
         if args.verbose:
@@ -230,6 +223,19 @@ def _refresh(args: argparse.Namespace) -> int:
     if not args.verbose:
         print(f"  logs             {log}")
     return 0
+
+
+def refresh_env(log: Path) -> dict[str, str]:
+    """The stack's metadata database (started if need be), migrated, with the lines' pools and the legacy
+    assets retired; what it did goes to the refresh's log."""
+    from stoker.local import services
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        env = services.refresh_env(log=lambda line: print(line, file=out, flush=True))
+        subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", "retire-legacy-assets"], env=env,
+                       check=True, stdout=out, stderr=subprocess.STDOUT)
+    return env
 
 
 def stop_trainers(run: RunLayout) -> list[int]:

@@ -306,20 +306,10 @@ def up(s: LocalStack | None = None, timeout: float = 240.0, log: Any = print) ->
     env.pop("AIRFLOW__CORE__UNIT_TEST_MODE", None)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     missing = [c for c in AIRFLOW_COMPONENTS if _recorded(s, c) is None]
-    if missing:
-        if kbroker.port_open(s.api_port) and "api-server" in missing:
-            raise StackError(f"port {s.api_port} is in use by a process this stack did not start: stop it or "
-                             "set STOKER_API_PORT")
-        res = subprocess.run([env["PATH"].split(os.pathsep)[0] + "/airflow", "db", "migrate"], env=env,
-                             capture_output=True, text=True, timeout=600)
-        if res.returncode != 0:
-            raise StackError(f"airflow db migrate failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
-        log("airflow     metadata database migrated")
-    res = subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", "sync-line-pools"], env=env,
-                         capture_output=True, text=True, timeout=300)
-    if res.returncode != 0:
-        raise StackError(f"creating the model lines' pools failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
-    log(f"airflow     {res.stdout.strip()}")
+    if missing and kbroker.port_open(s.api_port) and "api-server" in missing:
+        raise StackError(f"port {s.api_port} is in use by a process this stack did not start: stop it or "
+                         "set STOKER_API_PORT")
+    _prepare_db(env, log, migrate=bool(missing))
     for c in AIRFLOW_COMPONENTS:
         if c in missing:
             _spawn(s, c, _airflow_cmd(c, s), env)
@@ -336,6 +326,42 @@ def up(s: LocalStack | None = None, timeout: float = 240.0, log: Any = print) ->
         time.sleep(1.0)
     log(f"airflow     {', '.join(AIRFLOW_COMPONENTS)} healthy (logs in {s.log_dir})")
     return s
+
+
+def _prepare_db(env: dict[str, str], log: Any, migrate: bool = True) -> None:
+    """Migrate the metadata database and make the model lines' pools."""
+    if migrate:
+        res = subprocess.run([env["PATH"].split(os.pathsep)[0] + "/airflow", "db", "migrate"], env=env,
+                             capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            raise StackError(f"airflow db migrate failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+        log("airflow     metadata database migrated")
+    res = subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", "sync-line-pools"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise StackError(f"creating the model lines' pools failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+    log(f"airflow     {res.stdout.strip()}")
+
+
+def refresh_env(s: LocalStack | None = None, log: Any = print) -> dict[str, str]:
+    """The environment ``stoker refresh`` runs ``airflow dags test`` in: the local stack's metadata
+    database (PostgreSQL, started here if it is not running), so a night from ``make run`` is one of the
+    runs ``make up``'s UI and REST API list, and a line's pool holds across both. While the stack's
+    scheduler runs, the night is the scheduler's to run (a test run beside it could be run twice)."""
+    s = s or default_stack()
+    if _recorded(s, "scheduler") is not None:
+        raise StackError("the local stack is up (`make up`) and its scheduler runs refreshes itself: trigger the "
+                         "night from the UI (Trigger Dag, logical date), or `stoker airflow dags trigger "
+                         "refresh_<corpus> --logical-date <date>`; or `make down` first to run it here")
+    s.home.mkdir(parents=True, exist_ok=True)
+    if _pg_up(s):
+        _write_started(s, _read_started(s) | {"postgres"})
+        log(f"postgres    up on 127.0.0.1:{s.pg_port} (data in {s.pg_data}); `make down` stops it")
+    env = {**os.environ, **airflow_stack_env(s)}
+    env.pop("AIRFLOW__CORE__UNIT_TEST_MODE", None)
+    Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+    _prepare_db(env, log)
+    return env
 
 
 def _read_started(s: LocalStack) -> set[str]:

@@ -452,3 +452,27 @@ def test_down_stops_everything_up_started(local_stack: StackEnv):
         time.sleep(0.5)
     assert stack_processes(s.home) == []
     assert "nothing of the stack was running" in s.stoker("down").stdout
+
+
+def test_a_night_run_by_stoker_refresh_is_listed_by_the_stacks_rest_api_after_up(local_stack: StackEnv):
+    """`make run` (= `stoker refresh`) and `make up` share one metadata database: a night refreshed with
+    the stack down is one of the runs the stack's REST API (and UI) lists once it is up. While the stack's
+    scheduler runs, `stoker refresh` leaves the night to it (a test run beside it could run twice)."""
+    s = local_stack
+    assert stack_processes(s.home) == []  # after `stoker down`
+    ds = nightly_dates()[0].isoformat()  # a night no other test refreshes (older than the line's head: a branch)
+    out = s.stoker("refresh", "nightly", "--ds", ds, timeout=1200)
+    assert "joined" in out.stdout, out.stdout[-3000:]
+    try:
+        s.stoker("up", timeout=600)
+        runs = [r for r in s.dag_runs("refresh_nightly") if (r["logical_date"] or "")[:10] == ds]
+        assert [r["state"] for r in runs] == ["success"], runs
+        assert _check_run(s, "nightly", ds)["manifest"].source_uri.endswith(f"/data/nightly/{ds}")
+        busy = s.stoker("refresh", "nightly", "--ds", ds, check=False)
+        assert busy.returncode == 2 and "its scheduler runs refreshes itself" in busy.stderr, busy.stderr
+    finally:
+        s.stoker("down", timeout=300)
+    deadline = time.monotonic() + 10
+    while stack_processes(s.home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert stack_processes(s.home) == []

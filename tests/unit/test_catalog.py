@@ -104,7 +104,7 @@ def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsy
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli.kbroker, "up", lambda *a, **k: None)
-    monkeypatch.setattr(cli.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0))
+    monkeypatch.setattr(cli, "refresh_env", lambda log: dict(os.environ))  # the stack's database: not here
     monkeypatch.setattr("stoker.local.progress.follow", interrupted)
     assert main(["refresh", "sample", "--ds", "2026-12-01"]) == 130
     rank.wait(timeout=20)
