@@ -17,6 +17,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from stoker import paths, runs
 from stoker.exceptions import StokerError
@@ -283,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vocab-size", type=int, default=8192)
     s.add_argument("--force", action="store_true")
     s.set_defaults(fn=_sample)
+    _add_run_commands(sub)
+    return ap
+
+
+def _add_run_commands(sub: Any) -> None:
+    """refresh, check, gc, runs, lines: a corpus's nights and what they left."""
     r = sub.add_parser("refresh", help="run one refresh of a corpus through Airflow")
     r.add_argument("corpus")
     r.add_argument("--ds", help="logical date YYYY-MM-DD (default: today, UTC)")
@@ -321,7 +328,6 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("line")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(fn=_lines)
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

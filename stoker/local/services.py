@@ -75,7 +75,6 @@ def default_stack() -> LocalStack:
                  parallelism=int(os.environ.get("STOKER_PARALLELISM", 4)))
 
 
-# -- secrets ---------------------------------------------------------------------------------------
 def _secrets(s: LocalStack) -> dict[str, str]:
     """Generated once per state folder, mode 0600: database password, JWT and session keys."""
     path = s.home / "secrets.json"
@@ -146,7 +145,6 @@ def airflow_stack_env(s: LocalStack) -> dict[str, str]:
     return env
 
 
-# -- processes -------------------------------------------------------------------------------------
 def _record(s: LocalStack, name: str) -> ProcessRecord:
     return ProcessRecord(s.pid_dir / f"{name}.json")
 
@@ -344,16 +342,14 @@ def _prepare_db(env: dict[str, str], log: Any, migrate: bool = True) -> None:
 
 
 def refresh_env(s: LocalStack | None = None, log: Any = print) -> dict[str, str]:
-    """The environment ``stoker refresh`` runs ``airflow dags test`` in: the local stack's metadata
-    database (PostgreSQL, started here if it is not running), so a night from ``make run`` is one of the
-    runs ``make up``'s UI and REST API list, and a line's pool holds across both. While the stack's
-    scheduler runs, the night is the scheduler's to run (a test run beside it could be run twice)."""
+    """The environment of ``stoker refresh``'s ``airflow dags test``: the stack's metadata database (PostgreSQL,
+    started if need be), so ``make up``'s UI lists ``make run``'s nights and a line's pool holds across both.
+    While the stack's scheduler runs, the night is the scheduler's (a test run beside it could run twice)."""
     s = s or default_stack()
     if _recorded(s, "scheduler") is not None:
         raise StackError("the local stack is up (`make up`) and its scheduler runs refreshes itself: trigger the "
-                         "night from the UI (Trigger Dag, logical date), or `stoker airflow dags trigger "
-                         "refresh_<corpus> --logical-date <date>`; or `make down` first to run it here")
-    s.home.mkdir(parents=True, exist_ok=True)
+                         "night from the UI (Trigger Dag, logical date) or `stoker airflow dags trigger refresh_"
+                         "<corpus> --logical-date <date>`; or `make down` first to run it here")
     if _pg_up(s):
         _write_started(s, _read_started(s) | {"postgres"})
         log(f"postgres    up on 127.0.0.1:{s.pg_port} (data in {s.pg_data}); `make down` stops it")
