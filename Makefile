@@ -10,13 +10,13 @@ BIN       := $(VENV)/bin
 CACHE     ?= $(HOME)/.cache/stoker
 # Versions have one owner each, in the code that runs them; the Makefile reads them from there.
 pyconst = $(shell sed -n 's/^$(1) = "\(.*\)".*/\1/p' $(2))
-KAFKA_VER := $(call pyconst,KAFKA_VERSION,stoker/local/broker/__init__.py)
+KAFKA_VER := $(call pyconst,KAFKA_VERSION,stoker_local/broker/__init__.py)
 KAFKA_DIR := $(CACHE)/kafka-$(KAFKA_VER)
 # Hadoop: the version pyspark ships; S3A's jars and the test HDFS follow it (stoker/connectors)
 HADOOP_VER := $(call pyconst,HADOOP_VERSION,stoker/connectors/__init__.py)
 S3A_DIR   := $(CACHE)/s3a-$(HADOOP_VER)
 HDFS_DIR  := $(CACHE)/hdfs-$(HADOOP_VER)
-SEAWEEDFS_VER := $(call pyconst,SEAWEEDFS_VERSION,stoker/local/servers/__init__.py)
+SEAWEEDFS_VER := $(call pyconst,SEAWEEDFS_VERSION,stoker_local/servers/__init__.py)
 SEAWEEDFS_BIN := $(CACHE)/seaweedfs-$(SEAWEEDFS_VER:v0.0.0-%=%)/weed
 UV_VER    := 0.13.9
 PYTEST_ARGS ?=
@@ -82,9 +82,9 @@ $(VENV)/.stamp: requirements.lock pyproject.toml
 
 # Apache Kafka's jars from Maven Central, cached per user (they do not depend on the checkout).
 kafka-jars: $(KAFKA_DIR)/.complete
-$(KAFKA_DIR)/.complete: stoker/local/broker/pom.xml
+$(KAFKA_DIR)/.complete: stoker_local/broker/pom.xml
 	@mkdir -p $(KAFKA_DIR)
-	mvn -q -B -f stoker/local/broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	mvn -q -B -f stoker_local/broker/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(KAFKA_DIR)/libs
 	@test -n "$$(ls $(KAFKA_DIR)/libs/kafka_2.13-$(KAFKA_VER).jar)"
 	@touch $@
@@ -103,15 +103,15 @@ $(S3A_DIR)/.complete: stoker/connectors/pom.xml
 test-servers: $(SEAWEEDFS_BIN) $(HDFS_DIR)/.complete
 $(SEAWEEDFS_BIN):  # the version is in the path: only a new version builds again
 	@command -v go >/dev/null || { echo "setup: go not found: install Go 1.26+ (Debian: apt-get install golang-go); it builds SeaweedFS, the tests' S3 server"; exit 1; }
-	bash stoker/local/servers/build-seaweedfs.sh $(SEAWEEDFS_VER) $@
-$(HDFS_DIR)/.complete: stoker/local/servers/hdfs/pom.xml
+	bash stoker_local/servers/build-seaweedfs.sh $(SEAWEEDFS_VER) $@
+$(HDFS_DIR)/.complete: stoker_local/servers/hdfs/pom.xml
 	@rm -rf $(HDFS_DIR) && mkdir -p $(HDFS_DIR)
-	mvn -q -B -f stoker/local/servers/hdfs/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	mvn -q -B -f stoker_local/servers/hdfs/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(HDFS_DIR)/libs
 	@touch $@
 
 sample: $(STATE)/data/sample/_SUCCESS
-$(STATE)/data/sample/_SUCCESS: stoker/local/sample.py | venv
+$(STATE)/data/sample/_SUCCESS: stoker_local/sample.py | venv
 	$(BIN)/stoker sample-corpus --force
 
 run: setup stack-deps
@@ -132,7 +132,7 @@ docs: venv
 	$(BIN)/python -m stoker.reference
 
 lint: venv
-	$(BIN)/ruff check stoker spark_jobs plugins dags training tests bench
+	$(BIN)/ruff check stoker stoker_local spark_jobs plugins dags training tests bench
 	$(BIN)/mypy
 
 bench: setup test-servers

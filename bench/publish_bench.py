@@ -24,7 +24,7 @@ import time
 from stoker import kafka as skafka
 from stoker import paths, records
 from stoker.layout import tasks_topic
-from stoker.local import broker, sample
+from stoker_local import broker, sample
 
 PRODUCER = {"acks": "all", "enable.idempotence": "true", "compression.type": "zstd", "linger.ms": "20",
             "batch.size": str(1 << 20)}

@@ -31,7 +31,7 @@ from pathlib import Path
 from stoker import kafka as skafka
 from stoker import paths
 from stoker.layout import RunLayout, tasks_topic
-from stoker.local import broker, sample
+from stoker_local import broker, sample
 
 
 def documents(start: int = 0):

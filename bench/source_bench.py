@@ -20,9 +20,9 @@ import numpy as np
 
 from stoker import kafka as skafka
 from stoker import records
-from stoker.local import broker as stack
 from stoker.manifest import Manifest, PartitionRange
 from stoker.records import PackedSequence
+from stoker_local import broker as stack
 from training.data.batch import make_batch
 from training.data.kafka_source import KafkaTokenSource
 

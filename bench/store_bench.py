@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stoker import paths
 from stoker.config import load_corpus
-from stoker.local.servers import MiniHdfs, SeaweedS3
+from stoker_local.servers import MiniHdfs, SeaweedS3
 
 
 def drop(copies: int) -> dict[str, bytes]:

@@ -17,7 +17,7 @@ import sys
 import time
 
 from stoker import paths
-from stoker.local import sample
+from stoker_local import sample
 
 
 def bench_raw(texts: list[str], tokenizer: str, batch: int) -> tuple[int, float]:

@@ -5,7 +5,7 @@
 * Spark in local mode (``local[2,4]``: two cores, up to four attempts per task);
 * an Airflow home with its own SQLite metadata DB;
 * S3 (SeaweedFS) and HDFS (Hadoop's NameNode + DataNode) servers on 127.0.0.1, for the
-  object-store tests (stoker/local/servers, built by `make test-servers`).
+  object-store tests (stoker_local/servers, built by `make test-servers`).
 
 All test state lives in ``.stoker/test`` (git-ignored), apart from the user's runs.
 """
@@ -28,7 +28,7 @@ os.environ["STOKER_PROJECT"] = str(REPO)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _BOOTSTRAP = os.environ.get("STOKER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{TEST_KAFKA_PORT}"
 
-from stoker.local.airflow_env import airflow_env  # noqa: E402
+from stoker_local.airflow_env import airflow_env  # noqa: E402
 
 os.environ.update(airflow_env(_BOOTSTRAP))
 
@@ -37,7 +37,7 @@ os.environ.update(airflow_env(_BOOTSTRAP))
 def kafka_config() -> dict[str, str]:
     """A reachable Kafka cluster's client config; starts the embedded broker when none is given."""
     from stoker import kafka as skafka
-    from stoker.local import broker as stack
+    from stoker_local import broker as stack
 
     if os.environ.get("STOKER_KAFKA_BOOTSTRAP"):
         config = {"bootstrap.servers": os.environ["STOKER_KAFKA_BOOTSTRAP"]}
@@ -57,8 +57,8 @@ def secure_kafka() -> dict[str, str]:
     """A second embedded broker serving only SASL_SSL (`stoker kafka up --secure`): its client config."""
     import shutil
 
-    from stoker.local import broker as stack
-    from stoker.local.servers import free_ports
+    from stoker_local import broker as stack
+    from stoker_local.servers import free_ports
 
     home = TEST_STATE / "kafka-secure"
     shutil.rmtree(home, ignore_errors=True)  # a fresh CA and password every session
@@ -73,7 +73,7 @@ def secure_kafka() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def sample_corpus() -> dict[str, Path]:
     """The sample corpus and its tokenizer, made offline (once per test state folder)."""
-    from stoker.local import sample
+    from stoker_local import sample
 
     data = TEST_STATE / "data" / "sample"
     tok_dir = TEST_STATE / "tokenizers" / "sample-bpe-8192"
@@ -115,7 +115,7 @@ def seaweed():
     """A real S3-compatible server (SeaweedFS) with a bucket named ``corpora``."""
     import shutil
 
-    from stoker.local.servers import SeaweedS3
+    from stoker_local.servers import SeaweedS3
 
     home = TEST_STATE / "seaweedfs"
     SeaweedS3(home).stop()  # one an interrupted earlier session left running, if any
@@ -130,7 +130,7 @@ def hdfs():
     """A real HDFS: Hadoop's NameNode and one DataNode (the mini cluster)."""
     import shutil
 
-    from stoker.local.servers import MiniHdfs
+    from stoker_local.servers import MiniHdfs
 
     home = TEST_STATE / "hdfs"
     MiniHdfs(home).stop()

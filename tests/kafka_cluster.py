@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from stoker import kafka as skafka
-from stoker.local import broker as stack
-from stoker.local.servers import free_ports
+from stoker_local import broker as stack
+from stoker_local.servers import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 NODES = ["kafka-1", "kafka-2", "kafka-3"]

@@ -15,8 +15,8 @@ import numpy as np
 
 from stoker import kafka as skafka
 from stoker import records
-from stoker.local import broker
 from stoker.manifest import Manifest, PartitionRange, write_manifest
+from stoker_local import broker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ def launch_trainer(manifest_path: Path, out: Path, kafka_config: dict, nproc: in
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STOKER_KAFKA_CONFIG": json.dumps(kafka_config),
            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
                                                   str(Path.home() / ".cache" / "stoker" / "torch-extensions"))}
-    from stoker.local.servers import free_ports
+    from stoker_local.servers import free_ports
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
            str(free_ports(1)), str(REPO / "training" / "train.py"), "--manifest", str(manifest_path),

@@ -115,7 +115,7 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     assert "done: tokenise, pack, publish" in json.loads(RunLayout(run_dir).spark_progress.read_text())["line"]
     # the trainer named its start-up phases; the last one before step 1:
     assert json.loads(RunLayout(run_dir).trainer(m.topic).phase.read_text())["phase"] == "reading the first batch"
-    cli = subprocess.run([sys.executable, "-m", "stoker.local.cli", "runs", "show", "sample/2026-12-01", "--json"],
+    cli = subprocess.run([sys.executable, "-m", "stoker_local.cli", "runs", "show", "sample/2026-12-01", "--json"],
                          capture_output=True, text=True, check=True, env=os.environ.copy())
     assert json.loads(cli.stdout)["docs_kept"] == m.docs_kept
 
@@ -259,7 +259,7 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
     with two workers (pyspark's own jars, started here). The night publishes the same sequences as a
     local-mode run of the same files; the tokenizer reaches the executors with the job."""
     from stoker import kafka as skafka
-    from stoker.local.servers.spark import SparkStandalone
+    from stoker_local.servers.spark import SparkStandalone
 
     def publish(ds: str, env: dict[str, str]) -> Any:
         out = subprocess.run([sys.executable, "-c", DAG_TEST_PUBLISH, ds], cwd=REPO, env=env, capture_output=True,
@@ -310,7 +310,7 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
         f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events}\n")
     env = {**os.environ, "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": extra}),
            "SPARK_CONF_DIR": str(tmp_path / "spark-conf")}
-    from stoker.local import sample
+    from stoker_local import sample
 
     drop = tmp_path / "drop"
     sample.write_corpus(drop, shards=2, max_docstring_bytes=120_000)
@@ -338,7 +338,7 @@ def test_a_state_folder_of_an_earlier_stoker_gives_up_its_old_source_asset(airfl
     from airflow.models.asset import AssetActive, AssetModel
     from airflow.utils.session import create_session
 
-    from stoker.local.airflow_env import retire_legacy_assets
+    from stoker_local.airflow_env import retire_legacy_assets
 
     old = [("stoker.old.source", "file:///data/old"), ("stoker.old.model", "file:///runs/old")]
     with create_session() as s:

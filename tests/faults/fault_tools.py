@@ -24,7 +24,7 @@ def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, c
     """About 24 MB of distinct documents, so the pack pass runs for several seconds on two cores; the
     corpus config ``name`` reads them (``topic`` adds topic settings, ``publish`` publish settings).
     ``compressed``: as two ``.jsonl.zst`` files, each read whole by one task."""
-    from stoker.local import sample
+    from stoker_local import sample
 
     texts = list(sample.texts(sample_corpus["data"]))
     folder = tmp_path / "night"

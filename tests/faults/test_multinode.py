@@ -21,7 +21,7 @@ from trainer_tools import committed_keys
 
 from stoker import kafka as skafka
 from stoker.layout import RunLayout, consumer_group
-from stoker.local.sample import texts
+from stoker_local.sample import texts
 from training.metrics import read_log, trained_keys
 
 pytestmark = pytest.mark.faults

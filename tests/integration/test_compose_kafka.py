@@ -80,15 +80,15 @@ def test_the_secure_profiles_kafka_serves_only_sasl_ssl_to_the_pipeline_user(tmp
     from kafka_cluster import image_properties
 
     from stoker.exceptions import StokerError
-    from stoker.local import broker as stack
-    from stoker.local.servers import free_ports
+    from stoker_local import broker as stack
+    from stoker_local.servers import free_ports
 
     compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yaml").read_text())
     services = compose["services"]
     secrets_dir = tmp_path / "kafka-secure-tls"
     setup = services["kafka-secure-setup"]["command"][-1].split(" && ")[0].split()
     setup[setup.index("/var/lib/stoker-kafka-secure")] = str(secrets_dir)
-    assert setup[:3] == ["python", "-m", "stoker.local.broker.secure"]
+    assert setup[:3] == ["python", "-m", "stoker_local.broker.secure"]
     subprocess.run([sys.executable, *setup[1:]], check=True, capture_output=True, timeout=120)
 
     base = free_ports(3)

@@ -19,8 +19,8 @@ from stoker import kafka as skafka
 from stoker.exceptions import StokerError
 from stoker.layout import LineLayout, RunLayout
 from stoker.lines import head, plan, read_night
-from stoker.local.sample import texts
 from stoker_airflow.lines import LineSettings, join_line, launch_parent, trainer_args
+from stoker_local.sample import texts
 
 pytestmark = pytest.mark.integration
 SEQ_LEN = 64

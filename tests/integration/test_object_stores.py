@@ -152,7 +152,7 @@ def plain_http(tmp_path):
 
 
 def _dead_port() -> int:
-    from stoker.local.servers import free_ports
+    from stoker_local.servers import free_ports
 
     return free_ports(1)
 

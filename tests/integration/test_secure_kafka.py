@@ -47,7 +47,7 @@ def test_status_names_the_settings_not_the_password(secure_kafka):
     import os
     from pathlib import Path
 
-    from stoker.local import broker as stack
+    from stoker_local import broker as stack
 
     b = stack.Broker(home=Path(os.environ["STOKER_HOME"]) / "kafka-secure",
                      port=int(secure_kafka["bootstrap.servers"].rsplit(":", 1)[1]), secure=True)
@@ -55,7 +55,7 @@ def test_status_names_the_settings_not_the_password(secure_kafka):
     assert status["running"] and status["security_protocol"] == "SASL_SSL"
     assert status["client_config"]["sasl.username"] == "stoker"
     assert secure_kafka["sasl.password"] not in json.dumps(status)
-    out = subprocess.run([sys.executable, "-m", "stoker.local.cli", "kafka", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "stoker_local.cli", "kafka", "--help"], capture_output=True, text=True)
     assert "--secure" in out.stdout
 
 

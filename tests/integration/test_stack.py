@@ -12,8 +12,8 @@ import pytest
 
 from stoker import kafka as skafka
 from stoker.exceptions import StackError
-from stoker.local import broker as stack
-from stoker.local.servers import free_ports
+from stoker_local import broker as stack
+from stoker_local.servers import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def _is_kafka(pid: int) -> bool:
 
 def test_cli_status_reports_json(tmp_path):
     env = {"STOKER_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "stoker.local.cli", "kafka", "status"], env=env,
+    out = subprocess.run([sys.executable, "-m", "stoker_local.cli", "kafka", "status"], env=env,
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["running"] is False
 

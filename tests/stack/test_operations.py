@@ -110,7 +110,7 @@ class StackEnv:
     password: str
 
     def stoker(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-        res = subprocess.run([sys.executable, "-m", "stoker.local.cli", *args], env=self.env, capture_output=True,
+        res = subprocess.run([sys.executable, "-m", "stoker_local.cli", *args], env=self.env, capture_output=True,
                              text=True, timeout=timeout, cwd=REPO)
         if check and res.returncode != 0:
             raise AssertionError(f"stoker {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
@@ -163,7 +163,7 @@ def _clean_env(home: Path, password: str) -> dict[str, str]:
 
 
 def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
-    from stoker.local import sample
+    from stoker_local import sample
 
     if home.exists():
         shutil.rmtree(home)

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from stoker.layout import LineLayout, RunLayout
-from stoker.local.cli import main
 from stoker.manifest import Manifest, PartitionRange, atomic_write_json, write_manifest
 from stoker.runs import record_stage
+from stoker_local.cli import main
 
 pytestmark = pytest.mark.unit
 
@@ -91,8 +91,8 @@ def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsy
     import os
     import subprocess
 
-    from stoker.local import cli
     from stoker.process import TAG_VAR, start_ticks
+    from stoker_local import cli
 
     run = RunLayout.of("sample", "2026-12-01")
     files = run.trainer("stoker.sample.20261201.a1")
@@ -105,7 +105,7 @@ def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsy
 
     monkeypatch.setattr(cli.kbroker, "up", lambda *a, **k: None)
     monkeypatch.setattr(cli, "refresh_env", lambda log: dict(os.environ))  # the stack's database: not here
-    monkeypatch.setattr("stoker.local.progress.follow", interrupted)
+    monkeypatch.setattr("stoker_local.progress.follow", interrupted)
     assert main(["refresh", "sample", "--ds", "2026-12-01"]) == 130
     rank.wait(timeout=20)
     assert start_ticks(shell.pid) is None and rank.returncode is not None

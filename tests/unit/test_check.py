@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stoker.local.cli import main
+from stoker_local.cli import main
 
 pytestmark = pytest.mark.unit
 DOWN = {"bootstrap.servers": "127.0.0.1:29199"}  # nothing listens there (the tests' fixed ports are 29x92)

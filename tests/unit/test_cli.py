@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from stoker.config import load_corpus
-from stoker.local.cli import backfill_limits
 from stoker.paths import corpora_dir
+from stoker_local.cli import backfill_limits
 
 pytestmark = pytest.mark.unit
 

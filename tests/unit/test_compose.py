@@ -50,7 +50,7 @@ def env_of(svc: dict[str, Any]) -> dict[str, str]:
 
 
 def code_text() -> str:
-    return "\n".join(p.read_text() for d in ("stoker", "plugins", "dags", "spark_jobs", "training")
+    return "\n".join(p.read_text() for d in ("stoker", "stoker_local", "plugins", "dags", "spark_jobs", "training")
                      for p in (REPO / d).rglob("*.py"))
 
 
@@ -105,8 +105,8 @@ def test_airflow_commands_are_real_cli_commands(compose):
         args = parser.parse_args(cmd[1:])  # unknown subcommands or flags exit with an error
         assert callable(args.func)
     init = compose["services"]["airflow-init"]["command"]
-    assert "airflow db migrate" in init[-1] and "stoker.local.cli sample-corpus" in init[-1]
-    from stoker.local.cli import build_parser
+    assert "airflow db migrate" in init[-1] and "stoker_local.cli sample-corpus" in init[-1]
+    from stoker_local.cli import build_parser
 
     build_parser().parse_args(["sample-corpus"])
 

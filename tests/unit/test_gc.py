@@ -12,7 +12,7 @@ from test_line_rules import _join  # tests/unit: a night planned and promoted as
 from stoker.gc import HOLD, freed_bytes, plan_gc
 from stoker.layout import LineLayout, RunLayout
 from stoker.lines import head, plan
-from stoker.local.cli import main
+from stoker_local.cli import main
 
 pytestmark = pytest.mark.unit
 

@@ -120,7 +120,7 @@ def test_a_hugging_face_start_must_be_a_model_folder(tmp_path):
 def test_tokenizer_facts_agree_with_the_tokenizers_library(tmp_path):
     from tokenizers import Tokenizer
 
-    from stoker.local.sample import train_tokenizer, write_corpus
+    from stoker_local.sample import train_tokenizer, write_corpus
 
     write_corpus(tmp_path / "data", shards=1, max_docstring_bytes=20_000)
     train_tokenizer(tmp_path / "data", tmp_path / "tok", vocab_size=600)

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from stoker.layout import RunLayout
-from stoker.local.progress import LiveLine, RunWatcher, last_json_line
 from stoker.manifest import Manifest, PartitionRange, write_manifest
+from stoker_local.progress import LiveLine, RunWatcher, last_json_line
 
 pytestmark = pytest.mark.unit
 

@@ -92,15 +92,15 @@ def test_connector_and_server_versions_agree_everywhere():
 
     from stoker import paths
     from stoker.connectors import HADOOP_VERSION, spark_hadoop_version
-    from stoker.local.servers import SEAWEEDFS_VERSION
+    from stoker_local.servers import SEAWEEDFS_VERSION
 
     assert spark_hadoop_version() == HADOOP_VERSION
-    from stoker.local.broker import KAFKA_VERSION
+    from stoker_local.broker import KAFKA_VERSION
 
     out = subprocess.run(["make", "-s", "-C", str(paths.REPO_ROOT), "versions"], capture_output=True, text=True,
                          check=True).stdout.split()
     assert dict(kv.split("=", 1) for kv in out) == {"KAFKA_VER": KAFKA_VERSION, "HADOOP_VER": HADOOP_VERSION,
                                                     "SEAWEEDFS_VER": SEAWEEDFS_VERSION}
-    for pom in ("stoker/connectors/pom.xml", "stoker/local/servers/hdfs/pom.xml"):
+    for pom in ("stoker/connectors/pom.xml", "stoker_local/servers/hdfs/pom.xml"):
         text = (paths.REPO_ROOT / pom).read_text()
         assert f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in text, pom

@@ -143,12 +143,12 @@ def grant(config: dict[str, Any], home: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m stoker.local.broker.secure setup DIR [--host H]`` makes the CA, the broker's
+    """``python -m stoker_local.broker.secure setup DIR [--host H]`` makes the CA, the broker's
     certificate and the password file in DIR; ``grant DIR HOST:PORT`` sets the user and ACLs over the
     broker's mTLS listener. docker-compose.yaml's ``secure`` profile runs both."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m stoker.local.broker.secure", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m stoker_local.broker.secure", description=main.__doc__)
     ap.add_argument("action", choices=["setup", "grant"])
     ap.add_argument("dir", type=Path)
     ap.add_argument("bootstrap", nargs="?", help="grant: the broker's mTLS (INTERNAL) listener, host:port")

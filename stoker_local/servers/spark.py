@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker import paths
-from stoker.local.servers import _Server, free_ports
+from stoker_local.servers import _Server, free_ports
 
 
 class _SparkDaemon(_Server):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from stoker import paths
-from stoker.local.broker import default_broker
+from stoker_local.broker import default_broker
 
 SPARK_MASTER = "local[*,4]"
 """local mode with up to 4 attempts per task: plain local[*] never retries a failed task."""
@@ -44,7 +44,7 @@ def airflow_env(kafka_bootstrap: str | None = None) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
     }
-    from stoker.local.storage import local_s3_connection_env
+    from stoker_local.storage import local_s3_connection_env
 
     env.update(local_s3_connection_env())  # `stoker storage up`'s S3, as aws_default, while it runs
     return {k: os.environ.get(k, v) if k != "PATH" else v for k, v in env.items()}

@@ -22,7 +22,7 @@ from typing import Any
 from stoker import paths, runs
 from stoker.exceptions import StokerError
 from stoker.layout import RunLayout
-from stoker.local import broker as kbroker
+from stoker_local import broker as kbroker
 
 
 def _kafka(args: argparse.Namespace) -> int:
@@ -30,7 +30,7 @@ def _kafka(args: argparse.Namespace) -> int:
         b = kbroker.up(kbroker.default_broker(secure=args.secure))
         print(f"kafka up on {b.bootstrap} (data in {b.home})")
         if b.secure:
-            from stoker.local.broker import secure
+            from stoker_local.broker import secure
 
             print(f"SASL_SSL, SCRAM-SHA-512 user {secure.USER}; password in {secure.credentials_file(b.home)}, "
                   f"CA certificate {secure.tls_dir(b.home) / 'ca.pem'}; client settings: stoker kafka status")
@@ -42,7 +42,7 @@ def _kafka(args: argparse.Namespace) -> int:
 
 
 def _storage(args: argparse.Namespace) -> int:
-    from stoker.local import storage
+    from stoker_local import storage
 
     if args.action == "up":
         ds = args.ds or datetime.now(UTC).date().isoformat()
@@ -56,7 +56,7 @@ def _storage(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from stoker.local import services
+    from stoker_local import services
 
     s = services.up()
     print()
@@ -70,7 +70,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from stoker.local import services
+    from stoker_local import services
 
     services.down()
     return 0
@@ -78,7 +78,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _airflow(args: argparse.Namespace) -> int:
     """The airflow CLI against the local stack's metadata database (same env as the stack)."""
-    from stoker.local import services
+    from stoker_local import services
 
     env = {**os.environ, **services.airflow_stack_env(services.default_stack())}
     argv = args.args[1:] if args.args[:1] == ["--"] else args.args
@@ -107,14 +107,14 @@ def backfill_limits(argv: list[str]) -> list[str]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from stoker.local import services
+    from stoker_local import services
 
     print(json.dumps(services.status(), indent=2))
     return 0
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from stoker.local import sample
+    from stoker_local import sample
 
     out = Path(args.out) if args.out else paths.state_dir() / "data" / "sample"
     tok_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else paths.state_dir() / "tokenizers" / "sample-bpe-8192"
@@ -189,7 +189,7 @@ def _version() -> str:
 def _refresh(args: argparse.Namespace) -> int:
     import time
 
-    from stoker.local.progress import RunWatcher, follow, log_tail
+    from stoker_local.progress import RunWatcher, follow, log_tail
 
     ds = args.ds or datetime.now(UTC).date().isoformat()
     run = RunLayout.of(args.corpus, ds)
@@ -229,12 +229,12 @@ def _refresh(args: argparse.Namespace) -> int:
 def refresh_env(log: Path) -> dict[str, str]:
     """The stack's metadata database (started if need be), migrated, with the lines' pools and the legacy
     assets retired; what it did goes to the refresh's log."""
-    from stoker.local import services
+    from stoker_local import services
 
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:
         env = services.refresh_env(log=lambda line: print(line, file=out, flush=True))
-        subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", "retire-legacy-assets"], env=env,
+        subprocess.run([sys.executable, "-m", "stoker_local.airflow_env", "retire-legacy-assets"], env=env,
                        check=True, stdout=out, stderr=subprocess.STDOUT)
     return env
 

@@ -1,7 +1,7 @@
 """``stoker storage up|down|status``: the local S3 (SeaweedFS) and HDFS holding the sample corpus,
 on fixed ports, for trying the S3/HDFS corpora in ``corpora/examples`` through the whole flow.
 
-The servers themselves (:mod:`stoker.local.servers`) come with a checkout only, not with the wheel.
+The servers themselves (:mod:`stoker_local.servers`) come with a checkout only, not with the wheel.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def local_s3_connection_env() -> dict[str, str]:
 
 def _servers() -> Any:
     try:
-        from stoker.local import servers
+        from stoker_local import servers
     except ImportError:
         raise StackError("`stoker storage` needs a checkout of Stoker (its test servers are not in the wheel): "
                          "run it from the repository after `make test-servers`") from None

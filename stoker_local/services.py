@@ -1,6 +1,6 @@
 """The local stack of ``make up``: the whole thing a user runs, on 127.0.0.1, started by the project.
 
-* the embedded Kafka broker (:mod:`stoker.local.broker`);
+* the embedded Kafka broker (:mod:`stoker_local.broker`);
 * PostgreSQL as Airflow's metadata database (Debian's server binaries; its data under the state
   folder; run as the ``postgres`` user when we are root, because PostgreSQL refuses to run as root);
 * Airflow 3's api-server (UI + REST + execution API), scheduler (LocalExecutor), dag-processor and
@@ -30,8 +30,8 @@ from typing import Any
 
 from stoker import layout, paths
 from stoker.exceptions import StackError
-from stoker.local import broker as kbroker
 from stoker.process import ProcessRecord
+from stoker_local import broker as kbroker
 
 AIRFLOW_COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
 ADMIN_USER = "admin"
@@ -113,7 +113,7 @@ def db_url(s: LocalStack, driver: str = "psycopg2") -> str:
 
 def airflow_stack_env(s: LocalStack) -> dict[str, str]:
     """The environment every Airflow component of the stack runs with."""
-    from stoker.local.airflow_env import airflow_env
+    from stoker_local.airflow_env import airflow_env
 
     sec = _secrets(s)
     env = airflow_env(s.broker().bootstrap)
@@ -334,7 +334,7 @@ def _prepare_db(env: dict[str, str], log: Any, migrate: bool = True) -> None:
         if res.returncode != 0:
             raise StackError(f"airflow db migrate failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
         log("airflow     metadata database migrated")
-    res = subprocess.run([sys.executable, "-m", "stoker.local.airflow_env", "sync-line-pools"], env=env,
+    res = subprocess.run([sys.executable, "-m", "stoker_local.airflow_env", "sync-line-pools"], env=env,
                          capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         raise StackError(f"creating the model lines' pools failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")

@@ -1,7 +1,7 @@
 """The embedded stack: a single-node Apache Kafka broker (KRaft, combined controller+broker).
 
 The broker is Apache Kafka itself, from the jars ``make setup`` resolved from Maven Central
-(stoker/local/broker/pom.xml) into the per-user cache. Its data, config, log and pid file live under
+(stoker_local/broker/pom.xml) into the per-user cache. Its data, config, log and pid file live under
 ``<state>/kafka``. ``up`` is idempotent and waits until the broker answers; ``down`` stops exactly
 the process ``up`` started (its pid *and* start time, :mod:`stoker.process`), whole process group
 included.
@@ -66,7 +66,7 @@ class Broker:
 
     def client_config(self) -> dict[str, str]:
         if self.secure:
-            from stoker.local.broker import secure
+            from stoker_local.broker import secure
 
             return secure.client_config(self.port, self.home)
         return {"bootstrap.servers": self.bootstrap}
@@ -82,7 +82,7 @@ def default_broker(secure: bool | None = None) -> Broker:
 
 def _listeners(b: Broker) -> list[str]:
     if b.secure:
-        from stoker.local.broker import secure
+        from stoker_local.broker import secure
 
         return secure.server_properties(b.port, b.controller_port, b.internal_port, secure.make_certificates(b.home))
     return [f"listeners=PLAINTEXT://127.0.0.1:{b.port},CONTROLLER://127.0.0.1:{b.controller_port}",
@@ -190,7 +190,7 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
             raise StackError(f"Kafka exited with {proc.returncode} at start: see {b.log_dir}/server.log and stdout.log")
         if port_open(b.port) and (not b.secure or port_open(b.internal_port)):
             if b.secure:
-                from stoker.local.broker import secure
+                from stoker_local.broker import secure
 
                 secure.grant(secure.internal_config(f"127.0.0.1:{b.internal_port}", secure.tls_dir(b.home)), b.home)
             check_reachable(b.client_config(), timeout=max(1.0, deadline - time.monotonic()))
