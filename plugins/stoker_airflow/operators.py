@@ -24,6 +24,7 @@ from stoker_airflow.lines import (
     take_line_lease,
     trainer_args,
 )
+from stoker_airflow.triggers import Status
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -329,7 +330,7 @@ class DeepSpeedTrainOperator(BaseOperator):
         launcher = self._launcher(m)
         launcher.files.secrets.unlink(missing_ok=True)
         settings = LineSettings(**self.line) if self.line else None
-        if event["status"] == "caught_up":
+        if event["status"] == Status.CAUGHT_UP:
             night = join_line(settings, m, launcher.files) if settings else None
             if settings:
                 give_back_line_lease(settings, m, context["ti"])
@@ -337,13 +338,13 @@ class DeepSpeedTrainOperator(BaseOperator):
         why = lag_failure(event, m, consumer_group(m.topic), launcher.files, self.timeout_s)
         failure = _read_failure(launcher.files.failure)
         tries, restarts = context["ti"].try_number, self.retries or 0
-        if event["status"] != "trainer_failed" or failure or tries > restarts:
+        if event["status"] != Status.TRAINER_FAILED or failure or tries > restarts:
             launcher.stop(self._placement())  # failed for good: no trainer may go on training the night
             if settings:  # the line's next night may train (a retry keeps the lease: it continues the night)
                 give_back_line_lease(settings, m, context["ti"])
         if failure:  # the trainer's own word: a relaunch cannot fix it (data deleted before it was read)
             raise AirflowFailException(f"{failure.get('message')} (trainer log: {launcher.files.log})")
-        if event["status"] != "trainer_failed":
+        if event["status"] != Status.TRAINER_FAILED:
             raise AirflowFailException(why)  # a relaunch cannot help: timeout, retention, stopped early
         if tries > restarts:
             raise AirflowFailException(f"{why}; no restart left (train.max_restarts = {restarts}): fix the cause "

@@ -18,6 +18,7 @@ from stoker_airflow.triggers import (
     TRAINER_LOST,
     KafkaLagTrigger,
     KafkaPublishedTrigger,
+    Status,
     lag_status,
     published_status,
     retention_left,
@@ -140,11 +141,11 @@ class KafkaPublishedSensor(_DeferrableKafkaSensor):
         m = self._manifest()
         actual = skafka.end_offsets(self._config(), m.topic)
         status = published_status(actual, m.end_offsets())
-        if status == "mismatch":
+        if status == Status.MISMATCH:
             raise AirflowFailException(f"topic {m.topic} holds more than its manifest: end offsets {actual}, "
                                        f"manifest {m.end_offsets()}: something else writes to it; re-run the date")
         self.log.info("topic %s end offsets %s, manifest %s", m.topic, actual, m.end_offsets())
-        return status == "published"
+        return status == Status.PUBLISHED
 
     def _trigger(self) -> KafkaPublishedTrigger:
         m = self._manifest()
@@ -157,7 +158,7 @@ class KafkaPublishedSensor(_DeferrableKafkaSensor):
         return {"topic": m.topic, "sequences": m.sequences, "end_offsets": m.end_offsets()}
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        if event["status"] == "published":
+        if event["status"] == Status.PUBLISHED:
             return self._done(context)
         raise AirflowFailException(
             f"topic {event['topic']}: end offsets {event.get('end_offsets')} != manifest {event.get('expected')} "
@@ -204,14 +205,14 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
     def poke(self, context: Any) -> bool:
         rc = trainer_exit(self._rc_file(read_manifest(self.manifest_path)))
         if rc is not None and rc != 0:  # first, so a dead trainer is noticed while Kafka is unreachable too
-            return self._finish({"status": "trainer_failed", "rc": rc, "lag": None}) is not None
+            return self._finish({"status": Status.TRAINER_FAILED.value, "rc": rc, "lag": None}) is not None
         m, report = self._report()
         self.log.info("group %s: %s", self._group(m), report.describe())
         rc_file = self._rc_file(m)
         status = lag_status(report.lag, self.max_lag, trainer_exit(rc_file), rc_file is not None)
         left = retention_left(m.created_at, m.retention_ms, time.time())
-        if status is None and retention_status(left, m.retention_ms, report.lag) == "retention_expiring":
-            status = "retention_expiring"
+        if status is None and retention_status(left, m.retention_ms, report.lag) == Status.RETENTION_EXPIRING:
+            status = Status.RETENTION_EXPIRING
         if status is None:
             return False
         return self._finish({"status": status, "rc": trainer_exit(rc_file), "lag": report.lag,
@@ -225,10 +226,10 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
 
     def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
         m = read_manifest(self.manifest_path)
-        if event["status"] == "caught_up":
+        if event["status"] == Status.CAUGHT_UP:
             return event
         why = lag_failure(event, m, self._group(m), self._trainer(m), self.timeout)
-        if event["status"] == "trainer_failed":
+        if event["status"] == Status.TRAINER_FAILED:
             why += "; the train task's retry relaunches it from its last checkpoint"
         raise AirflowFailException(why)
 
@@ -249,16 +250,16 @@ def lag_trigger(m: Manifest, group: str, kafka_config_id: str, poll_interval: fl
 def lag_failure(event: dict[str, Any], m: Manifest, group: str, trainer: TrainerFiles, timeout: float) -> str:
     """Why a followed run did not end caught up: the status of a lag trigger's event, in words."""
     status = event["status"]
-    if status == "trainer_failed":
+    if status == Status.TRAINER_FAILED:
         how = ("was killed as a whole (its launcher is gone without an exit code: kill -9, a lost node, the "
                "OOM killer)" if event.get("rc") == TRAINER_LOST else f"exited with {event.get('rc')}")
         return f"the trainer {how} at {event.get('lag')} messages of lag: see {trainer.log}"
-    if status == "retention_expiring":
+    if status == Status.RETENTION_EXPIRING:
         return (f"{m.topic} was published at {m.created_at} with retention.ms {m.retention_ms}: its first records "
                 f"may be deleted within the hour while group {group} still lags by {event.get('lag')} messages. "
                 f"Raise it now (kafka-configs --alter --entity-type topics --entity-name {m.topic} --add-config "
                 "retention.ms=...) and clear this task, or the run loses data unread")
-    if status == "trainer_stopped_early":
+    if status == Status.TRAINER_STOPPED_EARLY:
         return (f"the trainer finished but group {group} still lags by {event.get('lag')} "
                 f"messages per partition {event.get('partitions')}: was --max-steps set?")
     return (f"consumer group {group} still lags after {timeout:.0f}s: {event.get('lag')} messages "

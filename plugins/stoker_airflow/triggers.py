@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,27 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from stoker import kafka as skafka
 from stoker.layout import TrainerFiles
+
+
+class Status(StrEnum):
+    """What a trigger's event reports (``event["status"]``); str values, so events stay plain JSON."""
+
+    PUBLISHED = "published"
+    """The topic's committed end offsets equal the manifest's."""
+    MISMATCH = "mismatch"
+    """The topic holds more than the manifest says (another writer)."""
+    CAUGHT_UP = "caught_up"
+    """The training group consumed the whole run and the trainer exited cleanly."""
+    TRAINER_FAILED = "trainer_failed"
+    """The trainer exited with an error or died without an exit code."""
+    TRAINER_STOPPED_EARLY = "trainer_stopped_early"
+    """The trainer exited cleanly with data left unread."""
+    RETENTION_EXPIRING = "retention_expiring"
+    """Under a tenth of the topic's retention left with data unread."""
+    RETENTION_WARNING = "retention_warning"
+    """Under a quarter of the topic's retention left with data unread (logged; the wait goes on)."""
+    TIMEOUT = "timeout"
+    """The wait ran past its deadline."""
 
 
 async def _kafka_config(kafka_config_id: str) -> dict[str, Any]:
@@ -53,24 +75,24 @@ class KafkaPublishedTrigger(BaseTrigger):
             got = {str(k): v for k, v in actual.items()}
             status = published_status(got, self.expected)
             if status is not None:
-                yield TriggerEvent({"status": status, "topic": self.topic, "end_offsets": got,
+                yield TriggerEvent({"status": str(status), "topic": self.topic, "end_offsets": got,
                                     "expected": self.expected})
                 return
             if self.deadline is not None and time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "topic": self.topic, "end_offsets": got,
+                yield TriggerEvent({"status": Status.TIMEOUT.value, "topic": self.topic, "end_offsets": got,
                                     "expected": self.expected, "error": error})
                 return
             self.log.info("waiting for %s: end offsets %s, manifest %s %s", self.topic, got, self.expected, error)
             await asyncio.sleep(self.poll_interval)
 
 
-def published_status(actual: dict[Any, int], expected: dict[Any, int]) -> str | None:
+def published_status(actual: dict[Any, int], expected: dict[Any, int]) -> Status | None:
     """``published`` when a topic's end offsets equal the manifest's, ``mismatch`` when it holds more
     than the manifest (another writer), None while the publish may still be completing."""
     if actual == expected:
-        return "published"
+        return Status.PUBLISHED
     if any(actual.get(p, 0) > want for p, want in expected.items()) or set(actual) - set(expected):
-        return "mismatch"
+        return Status.MISMATCH
     return None
 
 
@@ -101,30 +123,30 @@ def retention_left(created_at: str, retention_ms: int, now: float) -> float | No
     return datetime.fromisoformat(created_at).timestamp() + retention_ms / 1000 - now
 
 
-def retention_status(left: float | None, retention_ms: int, lag: int) -> str | None:
+def retention_status(left: float | None, retention_ms: int, lag: int) -> Status | None:
     """``retention_warning`` with under a quarter of the retention left and lag, ``retention_expiring``
     with under a tenth (at most an hour): fail while the data is still there, not after."""
     if left is None or lag <= 0:
         return None
     if left < min(retention_ms / 1000 * 0.10, 3600):
-        return "retention_expiring"
+        return Status.RETENTION_EXPIRING
     if left < retention_ms / 1000 * 0.25:
-        return "retention_warning"
+        return Status.RETENTION_WARNING
     return None
 
 
-def lag_status(lag: int, max_lag: int, rc: int | None, following: bool = True) -> str | None:
+def lag_status(lag: int, max_lag: int, rc: int | None, following: bool = True) -> Status | None:
     """``caught_up`` / ``trainer_failed`` / ``trainer_stopped_early``, or None to keep waiting.
 
     When a trainer is followed, being caught up also needs it to have exited cleanly (its last
     checkpoint and export are written after the final offsets are committed).
     """
     if rc is not None and rc != 0:
-        return "trainer_failed"
+        return Status.TRAINER_FAILED
     if lag <= max_lag and (rc == 0 or not following):
-        return "caught_up"
+        return Status.CAUGHT_UP
     if rc == 0:
-        return "trainer_stopped_early"
+        return Status.TRAINER_STOPPED_EARLY
     return None
 
 
@@ -166,11 +188,11 @@ class KafkaLagTrigger(BaseTrigger):
         return skafka.compute_lag(end, committed, {int(k): v for k, v in self.start.items()},
                                   self.tokens_per_message)
 
-    def _retention(self, lag: int) -> str | None:
+    def _retention(self, lag: int) -> Status | None:
         """``retention_expiring`` to fail now; logs a warning while the margin shrinks."""
         left = retention_left(self.created_at, self.retention_ms, time.time())
         status = retention_status(left, self.retention_ms, lag)
-        if status == "retention_warning":
+        if status == Status.RETENTION_WARNING:
             self.log.warning("%s: the first records may expire in %.1f h (retention %.1f h) and %d messages are "
                              "unread: raise the topic's retention.ms or speed training up", self.topic,
                              (left or 0) / 3600, self.retention_ms / 3.6e6, lag)
@@ -183,13 +205,13 @@ class KafkaLagTrigger(BaseTrigger):
         while True:
             rc = trainer_exit(self.rc_file)
             if rc is not None and rc != 0:  # first, so a dead trainer is noticed while Kafka is unreachable too
-                yield TriggerEvent({"status": "trainer_failed", "rc": rc, "lag": last})
+                yield TriggerEvent({"status": Status.TRAINER_FAILED.value, "rc": rc, "lag": last})
                 return
             try:
                 report = await asyncio.to_thread(self._report, config)
             except Exception as e:  # noqa: BLE001
                 if self.deadline is not None and time.time() >= self.deadline:
-                    yield TriggerEvent({"status": "timeout", "error": str(e), "lag": last})
+                    yield TriggerEvent({"status": Status.TIMEOUT.value, "error": str(e), "lag": last})
                     return
                 self.log.warning("lag check of %s on %s failed, retrying: %s", self.group_id, self.topic, e)
                 await asyncio.sleep(self.poll_interval)
@@ -200,10 +222,10 @@ class KafkaLagTrigger(BaseTrigger):
             status = (lag_status(report.lag, self.max_lag, trainer_exit(self.rc_file), self.rc_file is not None)
                       or self._retention(report.lag))
             if status is not None:
-                yield TriggerEvent({"status": status, "rc": trainer_exit(self.rc_file), **last})
+                yield TriggerEvent({"status": str(status), "rc": trainer_exit(self.rc_file), **last})
                 return
             if self.deadline is not None and time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", **last})
+                yield TriggerEvent({"status": Status.TIMEOUT.value, **last})
                 return
             self.log.info("group %s on %s: %s", self.group_id, self.topic, report.describe())
             await asyncio.sleep(self.poll_interval)
