@@ -63,7 +63,7 @@ def read_kafka(config: dict, m: Manifest, batch: int) -> tuple[int, float]:
                            group_id="stoker-bench")
     tokens, t0 = 0, time.perf_counter()
     while (pending := src.next_batch()) is not None:
-        src.commit(pending)
+        src.mark_trained(pending)
         tokens += pending.batch.input_ids.size
     dt = time.perf_counter() - t0
     src.close()

@@ -48,7 +48,7 @@ def open_log(path: Path) -> Any:
     return open(path, "a", encoding="utf-8")  # noqa: SIM115 - the caller closes it
 
 
-def lineage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def counted_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of the steps that count, in order. A trainer resumed from a checkpoint repeats the
     steps after it: a row whose step is not past the last one starts a new life, which replaces the
     earlier rows from that step on (the weights they led to were lost with the killed trainer)."""
@@ -73,15 +73,15 @@ def read_log(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The metrics of the steps that count (:func:`lineage`); a torn line is skipped."""
-    return lineage(read_log(path))
+    """The metrics of the steps that count (:func:`counted_steps`); a torn line is skipped."""
+    return counted_steps(read_log(path))
 
 
 def trained_keys(files: TrainerFiles) -> list[str]:
     """Every sequence key the trained weights have seen, across ranks, from the keys logs
-    (``train.log_keys``): each step's keys once, after restarts (:func:`lineage`)."""
+    (``train.log_keys``): each step's keys once, after restarts (:func:`counted_steps`)."""
     pattern = files.keys_log.name.replace("{rank}", "*")
-    return [k for f in sorted(files.folder.glob(pattern)) for row in lineage(read_log(f)) for k in row["keys"]]
+    return [k for f in sorted(files.folder.glob(pattern)) for row in counted_steps(read_log(f)) for k in row["keys"]]
 
 
 def plot_loss(rows: list[dict[str, Any]], out: Path) -> Path:

@@ -25,7 +25,7 @@ from stoker import kafka as skafka
 from stoker.layout import TrainerFiles, consumer_group
 from stoker.manifest import Manifest, atomic_write_json, read_manifest
 from stoker.recipes import TrainRecipe, get_recipe
-from training import checkpoint, lineage
+from training import checkpoint, inherit
 from training.data.kafka_source import verify_consumed
 from training.export import export
 from training.progress import Progress, StepStats
@@ -54,7 +54,7 @@ class TrainArgs:
     """Start from this model when the folder holds no checkpoint yet: a night of a model line or a
     local Hugging Face folder (default: random weights in the recipe's shape)."""
     optimizer: str = "carry"
-    """``carry`` the parent night's optimizer state, or start ``fresh`` (training/lineage.py)."""
+    """``carry`` the parent night's optimizer state, or start ``fresh`` (training/inherit.py)."""
     lr_schedule: str = "rewarm"
     """``rewarm`` (warm-up and cosine over this night) or ``constant`` after the line's first night."""
     set: list[str] = field(default_factory=list)
@@ -170,13 +170,13 @@ class Trainer:
         self.eos_id, self.pad_id = special_ids(self.manifest)
         if args.init_from:
             self._phase(f"loading the weights it continues from {args.init_from}")
-            model = lineage.load_model(args.init_from, self.manifest.seq_len, self.manifest.vocab_size)
+            model = inherit.load_model(args.init_from, self.manifest.seq_len, self.manifest.vocab_size)
         else:
             self._phase(f"building the {self.recipe.name} model (random weights)")
             model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id,
                                 self.pad_id)
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
-        scheduled = not (args.lr_schedule == "constant" and lineage.is_night(args.init_from))
+        scheduled = not (args.lr_schedule == "constant" and inherit.is_night(args.init_from))
         self._phase(f"starting the DeepSpeed engine (ZeRO {self.recipe.zero_stage}, "
                     f"{'bf16' if self.recipe.bf16 else 'fp32'})")
         self.engine, *_ = deepspeed.initialize(
@@ -205,7 +205,7 @@ class Trainer:
     def _resume(self) -> None:
         if not checkpoint.has_checkpoint(self.files.checkpoints):  # this night's first launch
             if self.args.optimizer == "carry":
-                lineage.carry_optimizer(self.engine, self.args.init_from, self.recipe)
+                inherit.carry_optimizer(self.engine, self.args.init_from, self.recipe)
             return
         self._phase(f"loading its last checkpoint from {self.files.checkpoints}")
         client = checkpoint.load(self.engine, self.files.checkpoints, expect_manifest=self.progress.publication)
@@ -243,7 +243,7 @@ class Trainer:
             return self._close_window(t0) if self.window else None
         s, stepped = self._micro_step(input_ids, labels, position_ids, tokens)
         if pending is not None:
-            self.source.commit(pending)
+            self.source.mark_trained(pending)
         total = torch.tensor([float(s.detach())], dtype=torch.float64)
         dist.all_reduce(total)
         return StepStats(step=self.progress.step + 1, loss=float(total[0]) / max(tokens, 1.0), rows=rows,

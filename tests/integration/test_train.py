@@ -147,7 +147,7 @@ def test_the_source_reads_the_manifest_range_only_whatever_follows_it(run):
                                group_id=f"range-{rank}")
         batches = []
         while (pending := src.next_batch()) is not None:
-            src.commit(pending)
+            src.mark_trained(pending)
             batches.append([k.decode() for k in pending.batch.keys])
         src.close()
         rows = [make_key(0, 4 * i + p).decode() for i in range(41) for p in (rank, rank + 2)]

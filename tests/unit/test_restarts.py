@@ -11,7 +11,7 @@ import pytest
 from stoker.layout import RunLayout, TrainerFiles
 from stoker.manifest import Manifest, PartitionRange, write_manifest
 from stoker_airflow.triggers import TRAINER_LOST
-from training.metrics import lineage, open_log, read_log, read_metrics, trained_keys
+from training.metrics import counted_steps, open_log, read_log, read_metrics, trained_keys
 
 pytestmark = pytest.mark.unit
 
@@ -26,9 +26,9 @@ def _manifest() -> Manifest:
 
 def test_a_resumed_life_replaces_the_steps_after_the_checkpoint():
     rows = [{"step": s} for s in (1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 2, 3)]
-    assert [r["step"] for r in lineage(rows)] == [1, 2, 3]  # the last life resumed from step 1
+    assert [r["step"] for r in counted_steps(rows)] == [1, 2, 3]  # the last life resumed from step 1
     rows = [{"step": s, "life": 1} for s in (1, 2, 3, 4)] + [{"step": s, "life": 2} for s in (3, 4, 5)]
-    assert [(r["step"], r["life"]) for r in lineage(rows)] == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 2)]
+    assert [(r["step"], r["life"]) for r in counted_steps(rows)] == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 2)]
 
 
 def test_a_relaunch_starts_a_fresh_line_after_a_torn_one(tmp_path):

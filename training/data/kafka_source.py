@@ -6,7 +6,7 @@
 * ``state_dict()`` = the next offset of *every* partition of the run (this rank's, merged by the
   trainer with the other ranks' before a checkpoint), so a resume at another world size simply
   reassigns partitions and carries each partition's offset.
-* Offsets advance only when the trainer calls ``commit(batch)`` after the step that consumed it:
+* Offsets advance only when the trainer calls ``mark_trained(batch)`` after the step that consumed it:
   a batch that was read but not trained on is read again after a restart.
 * Nothing is skipped silently: ``auto.offset.reset=error``, so an offset that retention deleted
   before it was read is a :class:`DataLost` naming the partition and offsets (librdkafka's default
@@ -88,7 +88,7 @@ class KafkaTokenSource:
         self.offsets = {p.partition: p.start_offset for p in manifest.partitions}
         self.start = dict(self.offsets)
         self.consumed: dict[int, int] | None = {p.partition: 0 for p in manifest.partitions}
-        """Sequences read (and committed) per partition since its start offset; None: unknown (a
+        """Sequences read (and marked trained) per partition since its start offset; None: unknown (a
         checkpoint of an earlier Stoker)."""
         self.buffer_cap = max(2048, BUFFER_BYTES // ((manifest.seq_len + 1) * records.DTYPES[manifest.dtype].itemsize))
         self.partitions = assign(list(self.end), rank, world)
@@ -221,7 +221,7 @@ class KafkaTokenSource:
 
     def next_batch(self) -> Pending | None:
         """Up to ``batch_size`` sequences from this rank's partitions (fewer at the very end, None when
-        every partition is at its end). Offsets are not advanced until :meth:`commit`.
+        every partition is at its end). Offsets are not advanced until :meth:`mark_trained`.
 
         The order is a function of the offsets alone: each row comes from the rank's unfinished partition
         that has advanced least from its start offset (ties: the lower partition). So for a manifest and a
@@ -265,7 +265,7 @@ class KafkaTokenSource:
         return Pending(batch=make_batch(seqs, keys, self.manifest.seq_len), next_offsets=dict(self._pos),
                        counts=counts)
 
-    def commit(self, pending: Pending) -> None:
+    def mark_trained(self, pending: Pending) -> None:
         """The step that consumed ``pending`` is done: its offsets (and read counts) become the source's
         state. In memory only: the trainer's checkpoint saves them, then commits them to Kafka."""
         self.offsets.update(pending.next_offsets)

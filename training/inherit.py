@@ -19,7 +19,7 @@ from typing import Any
 from stoker.layout import NightFiles
 from stoker.recipes import TrainRecipe
 
-log = logging.getLogger("stoker.train.lineage")
+log = logging.getLogger("stoker.train.inherit")
 
 
 def is_night(init_from: str | None) -> bool:
