@@ -31,7 +31,7 @@ from typing import Any
 
 from stoker import kafka as skafka
 from stoker import paths, records
-from stoker.client_config import with_password_file
+from stoker.client_config import config_from_env, with_password_file
 from stoker.config import CorpusConfig, load_corpus
 from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, tasks_topic
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = builder.getOrCreate()
     try:
         m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
-                    kafka_config=skafka.config_from_env(resolve_password=False), fail=fail)
+                    kafka_config=config_from_env(resolve_password=False), fail=fail)
     finally:
         spark.stop()
     log.info("published %d sequences (%d tokens) of %d/%d docs to %s", m.sequences, m.tokens,

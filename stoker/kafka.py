@@ -11,14 +11,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stoker.client_config import (  # noqa: F401 - re-exported
-    CALLBACK_KEYS,
-    PASSWORD_FILE,
-    config_from_env,
-    with_password_file,
-)
 from stoker.exceptions import KafkaTimeout, StokerError
-from stoker.lag import LagReport, PartitionLag, compute_lag  # noqa: F401 - the sensors' and tests' spelling
 
 TIMEOUT_S = 15.0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.exceptions import ManifestError
-from stoker.layout import MANIFEST_NAME  # noqa: F401 - re-exported
+from stoker.layout import MANIFEST_NAME
 
 MANIFEST_VERSION = 1
 

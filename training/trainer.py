@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker import kafka as skafka
+from stoker.client_config import config_from_env
 from stoker.layout import TrainerFiles, consumer_group
 from stoker.manifest import Manifest, atomic_write_json, read_manifest
 from stoker.recipes import TrainRecipe, get_recipe
@@ -165,7 +165,7 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.args, self.manifest, self.recipe = args, read_manifest(args.manifest), resolve_recipe(args)
-        self.kafka_config = skafka.config_from_env()
+        self.kafka_config = config_from_env()
         self.group_id = args.group_id or consumer_group(self.manifest.topic)
         self.eos_id, self.pad_id = special_ids(self.manifest)
         if args.init_from:

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from stoker import kafka as skafka
 from stoker import paths
+from stoker.lag import LagReport, compute_lag
 from stoker.layout import RunLayout, TrainerFiles, consumer_group
 from stoker.manifest import Manifest, read_manifest
 from stoker_airflow.hooks import StokerKafkaHook
@@ -196,11 +197,11 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
     def _rc_file(self, m: Manifest) -> str | None:
         return str(self._trainer(m).rc) if self.follow_trainer else None
 
-    def _report(self) -> tuple[Manifest, skafka.LagReport]:
+    def _report(self) -> tuple[Manifest, LagReport]:
         m = read_manifest(self.manifest_path)
         committed = skafka.committed_offsets(self._config(), self._group(m), m.topic, m.end_offsets())
         starts = {p.partition: p.start_offset for p in m.partitions}
-        return m, skafka.compute_lag(m.end_offsets(), committed, starts, m.seq_len)
+        return m, compute_lag(m.end_offsets(), committed, starts, m.seq_len)
 
     def poke(self, context: Any) -> bool:
         rc = trainer_exit(self._rc_file(read_manifest(self.manifest_path)))

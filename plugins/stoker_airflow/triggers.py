@@ -16,6 +16,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from stoker import kafka as skafka
+from stoker.lag import LagReport, compute_lag
 from stoker.layout import TrainerFiles
 
 
@@ -182,10 +183,10 @@ class KafkaLagTrigger(BaseTrigger):
             "kafka_config_id": self.kafka_config_id, "poll_interval": self.poll_interval,
             "deadline": self.deadline})
 
-    def _report(self, config: dict[str, Any]) -> skafka.LagReport:
+    def _report(self, config: dict[str, Any]) -> LagReport:
         end = {int(k): v for k, v in self.end.items()}
         committed = skafka.committed_offsets(config, self.group_id, self.topic, end)
-        return skafka.compute_lag(end, committed, {int(k): v for k, v in self.start.items()},
+        return compute_lag(end, committed, {int(k): v for k, v in self.start.items()},
                                   self.tokens_per_message)
 
     def _retention(self, lag: int) -> Status | None:

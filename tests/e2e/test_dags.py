@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from stoker.lag import compute_lag
 from stoker.layout import RunLayout
 from stoker.manifest import read_manifest
 
@@ -110,7 +111,7 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     assert training["sequences_consumed"] == training["sequences_published"] == m.sequences
     assert training["world_size"] == 2 and training["last_loss"] < training["first_loss"]
     committed = skafka.committed_offsets(kafka_config, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
-    assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
+    assert compute_lag(m.end_offsets(), committed).lag == 0
     assert Path(training["loss_curve"]).stat().st_size > 0
     assert "done: tokenise, pack, publish" in json.loads(RunLayout(run_dir).spark_progress.read_text())["line"]
     # the trainer named its start-up phases; the last one before step 1:

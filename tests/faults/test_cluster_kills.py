@@ -28,6 +28,7 @@ from trainer_tools import (
 )
 
 from stoker import kafka as skafka
+from stoker.lag import compute_lag
 
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +109,7 @@ def test_training_survives_its_partition_leader_then_its_group_coordinator_kille
     assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
     assert sorted(trained) == sorted(k.decode() for k in published) == all_keys(m)
     committed = skafka.committed_offsets(cluster.client, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
-    assert skafka.compute_lag(m.end_offsets(), committed).lag == 0  # the lag sensor sees the end
+    assert compute_lag(m.end_offsets(), committed).lag == 0  # the lag sensor sees the end
 
 
 COMMIT_LOOP = """

@@ -13,6 +13,7 @@ import pytest
 from kafka_cluster import ComposeCluster  # tests/kafka_cluster.py
 
 from stoker import kafka as skafka
+from stoker.client_config import with_password_file
 
 pytestmark = pytest.mark.integration
 HOME = Path(os.environ["STOKER_HOME"]) / "compose-kafka"
@@ -116,7 +117,7 @@ def test_the_secure_profiles_kafka_serves_only_sasl_ssl_to_the_pipeline_user(tmp
         while subprocess.run([sys.executable, *grant[1:]], capture_output=True, timeout=120).returncode != 0:
             assert proc.poll() is None and time.monotonic() < deadline, "the secure node never took the grant"
             time.sleep(2)
-        client = skafka.with_password_file({
+        client = with_password_file({
             "bootstrap.servers": f"127.0.0.1:{port['9096']}", "security.protocol": "SASL_SSL",
             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "stoker",
             "sasl.password.file": str(secrets_dir / "credentials.json"),

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from stoker import kafka as skafka
+from stoker.client_config import config_from_env
 from stoker.exceptions import StokerError
 
 pytestmark = pytest.mark.integration
@@ -72,7 +73,7 @@ def test_a_password_file_stands_for_the_password(secure_kafka, tmp_path, monkeyp
     base = {k: v for k, v in secure_kafka.items() if k != "sasl.password"}
     for f in (plain, as_json):
         monkeypatch.setenv("STOKER_KAFKA_CONFIG", json.dumps({**base, "sasl.password.file": str(f)}))
-        assert skafka.check_reachable(skafka.config_from_env(), timeout=10) == 1
+        assert skafka.check_reachable(config_from_env(), timeout=10) == 1
     monkeypatch.setenv("STOKER_KAFKA_CONFIG", json.dumps({**base, "sasl.password.file": str(tmp_path / "gone")}))
     with pytest.raises(ConfigError, match="sasl.password.file = .*gone.*cannot be read"):
-        skafka.config_from_env()
+        config_from_env()

@@ -13,6 +13,7 @@ import pytest
 from trainer_tools import all_keys, keys_by_step, kill_tree, launch_trainer, publish_run, wait_trainer
 
 from stoker import kafka as skafka
+from stoker.lag import compute_lag
 from stoker.manifest import write_manifest
 from training.metrics import read_metrics
 
@@ -43,7 +44,7 @@ def test_two_ranks_consume_every_sequence_exactly_once(run, tmp_path):
     assert summary["sequences_this_session"] == m.sequences
     # the consumer group ends at the manifest's end offsets: the lag sensor sees 0
     committed = skafka.committed_offsets(kafka_config, summary["group_id"], m.topic, range(PARTITIONS))
-    assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
+    assert compute_lag(m.end_offsets(), committed).lag == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert {"loss", "lr", "tokens_per_s", "data_wait_fraction", "expert_load_max_over_mean"} <= set(rows[0])
     assert (out / "loss.png").stat().st_size > 0 and list((out / "tensorboard").iterdir())

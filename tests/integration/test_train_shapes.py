@@ -26,6 +26,7 @@ from trainer_tools import (
 )
 
 from stoker import kafka as skafka
+from stoker.lag import compute_lag
 from stoker.records import make_key
 from training.metrics import read_metrics
 
@@ -105,7 +106,7 @@ def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, t
     assert by_rank_step == {(r, s): [make_key(0, 4 * (s - 1) + p).decode() for p in (r, r + 2)]
                             for r in (0, 1) for s in range(ckpt_step + 1, MICRO_STEPS + 1)}
     committed = skafka.committed_offsets(kafka_config, f"accum-{zero}", m.topic, range(PARTITIONS))
-    assert skafka.compute_lag(m.end_offsets(), committed).lag == 0
+    assert compute_lag(m.end_offsets(), committed).lag == 0
     # same weights, optimizer and data after the checkpoint: the resumed loss continues the killed life's curve
     resumed = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > ckpt_step}
     assert resumed[ckpt_step + 1] == pytest.approx(losses[ckpt_step + 1], rel=1e-3)
@@ -160,4 +161,4 @@ def test_records_deleted_before_training_read_them_fail_the_night(run, tmp_path)
     assert f"{m.topic} partition 1: offset 0 is no longer in the topic (its earliest offset is now 20" in \
         failure["message"], failure
     committed = skafka.committed_offsets(kafka_config, "expired", m.topic, range(PARTITIONS))
-    assert skafka.compute_lag(m.end_offsets(), committed).lag > 0
+    assert compute_lag(m.end_offsets(), committed).lag > 0

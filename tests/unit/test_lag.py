@@ -1,7 +1,7 @@
 import pytest
 
 from stoker.exceptions import StokerError
-from stoker.kafka import compute_lag
+from stoker.lag import compute_lag
 
 pytestmark = pytest.mark.unit
 
