@@ -99,6 +99,9 @@ def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsy
     files.folder.mkdir(parents=True)
     shell = files.process.spawn(["sleep", "600"], log=files.log)
     rank = subprocess.Popen(["sleep", "600"], env={**os.environ, TAG_VAR: str(files.folder)}, start_new_session=True)
+    from test_restarts import _await_tagged  # tests/unit
+
+    _await_tagged(str(files.folder), rank.pid)
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt

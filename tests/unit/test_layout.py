@@ -154,6 +154,7 @@ def test_a_remote_nodes_ranks_are_tagged_and_stopped_through_the_node_shell(tmp_
     machine standing in for ssh: the command it is given is what ssh would run on the node)."""
     import os
     import sys
+    import time
 
     from stoker.process import TAG_VAR, tagged
     from stoker_airflow.launcher import Placement
@@ -164,6 +165,9 @@ def test_a_remote_nodes_ranks_are_tagged_and_stopped_through_the_node_shell(tmp_
     assert f"{TAG_VAR}={tmp_path / 't'}" in remote[-1]  # the remote launcher and its ranks are tagged
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
                             env={**os.environ, TAG_VAR: str(tmp_path / "t")})  # a rank left running "there"
+    deadline = time.monotonic() + 30  # until the child has exec'd, /proc shows the parent's environment
+    while tagged(str(tmp_path / "t")) != [rank.pid] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert tagged(str(tmp_path / "t")) == [rank.pid]
     launcher._stop_remote(placement, "gpu2", grace=5)
     assert rank.wait(timeout=30) != 0 and not tagged(str(tmp_path / "t"))

@@ -121,7 +121,20 @@ def _trainer_processes(files: TrainerFiles) -> list:
 
     shell = files.process.spawn(["sleep", "600"], log=files.folder / "trainer.log")
     rank = subprocess.Popen(["sleep", "600"], env={**os.environ, TAG_VAR: str(files.folder)}, start_new_session=True)
+    _await_tagged(str(files.folder), rank.pid)
     return [shell, rank]
+
+
+def _await_tagged(tag: str, pid: int, timeout: float = 30) -> None:
+    """Until the child has exec'd, /proc shows the parent's environment, without the tag."""
+    import time
+
+    from stoker.process import tagged
+
+    deadline = time.monotonic() + timeout
+    while pid not in tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid in tagged(tag)
 
 
 @pytest.mark.parametrize("event, failure", [

@@ -80,9 +80,8 @@ def test_a_password_file_is_read_in_the_spark_task_and_no_password_is_pickled(tm
     from pyspark.serializers import CloudPickleSerializer
 
     from spark_jobs.pack import pack_publish_batches
-    from stoker.client_config import with_password_file
+    from stoker.client_config import config_from_env, with_password_file
     from stoker.config import parse_corpus
-    from stoker.client_config import config_from_env
     from stoker.paths import write_private
 
     write_private(tmp_path / "credentials.json", json.dumps({"password": SECRET}))
