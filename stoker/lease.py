@@ -43,7 +43,7 @@ class LeaseHolder:
         return f"night {self.ds} of {self.corpus} (run {self.run_id} of {self.dag_id}, since {self.since})"
 
 
-def _lease_file(line: LineLayout) -> Path:
+def lease_file(line: LineLayout) -> Path:
     return line.folder / "training.lease.json"
 
 
@@ -66,7 +66,7 @@ class _Locked:
 
 
 def lease_holder(line: LineLayout) -> LeaseHolder | None:
-    f = _lease_file(line)
+    f = lease_file(line)
     try:
         return LeaseHolder(**json.loads(f.read_text()))
     except FileNotFoundError:
@@ -90,7 +90,7 @@ def take_lease(line: LineLayout, me: LeaseHolder, holder_alive: Any) -> LeaseHol
                         cur.describe())
         elif cur is not None:
             me.since = cur.since
-        atomic_write_json(_lease_file(line), asdict(me))
+        atomic_write_json(lease_file(line), asdict(me))
         return None
 
 
@@ -100,5 +100,5 @@ def give_back_lease(line: LineLayout, me: LeaseHolder) -> bool:
         cur = lease_holder(line)
         if cur is None or not cur.same_task(me):
             return False
-        _lease_file(line).unlink()
+        lease_file(line).unlink()
         return True

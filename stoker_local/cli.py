@@ -208,6 +208,7 @@ def _refresh(args: argparse.Namespace) -> int:
             rc = follow(cmd, env, log, RunWatcher(run, since))
     except KeyboardInterrupt:
         stopped = stop_trainers(run)
+        give_back_line_lease(args.corpus, ds)
         print(f"\nrefresh_{args.corpus} {ds} interrupted: Airflow's run and its Spark job stopped"
               + (f", the trainer stopped ({len(stopped)} process(es))" if stopped else "")
               + f". What was done stays in {run.run_dir}; `stoker refresh {args.corpus} --ds {ds}` runs the night "
@@ -237,6 +238,22 @@ def refresh_env(log: Path) -> dict[str, str]:
         subprocess.run([sys.executable, "-m", "stoker_local.airflow_env", "retire-legacy-assets"], env=env,
                        check=True, stdout=out, stderr=subprocess.STDOUT)
     return env
+
+
+def give_back_line_lease(corpus: str, ds: str) -> None:
+    """An interrupted test run leaves its task `running` in the database (no scheduler marks it over): the
+    line's training lease it holds would keep the line's next night waiting, so it is given back here."""
+    from stoker.config import load_corpus
+    from stoker.layout import LineLayout
+    from stoker.lease import give_back_lease, lease_holder
+
+    try:
+        line = LineLayout.of(load_corpus(paths.corpora_dir() / f"{corpus}.yaml").train.line)
+        holder = lease_holder(line)
+    except StokerError:
+        return
+    if holder is not None and (holder.corpus, holder.ds) == (corpus, ds):
+        give_back_lease(line, holder)
 
 
 def stop_trainers(run: RunLayout) -> list[int]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import LineLayout, NightFiles, TrainerFiles
-from stoker.lease import LeaseHolder, give_back_lease, take_lease
+from stoker.lease import LeaseHolder, give_back_lease, lease_file, take_lease
 from stoker.lines import Parent, TokenizerFacts, check_agreement, night_record, plan, promote, tokenizer_facts
 from stoker.manifest import atomic_write_json
 
@@ -105,8 +105,9 @@ def take_line_lease(settings: LineSettings, manifest: Any, ti: Any, alive: Any =
 
         from airflow.sdk.exceptions import AirflowRescheduleException
 
-        log.info("line %s trains %s: night %s of %s waits for it to join the line (looks again in %d s)",
-                 settings.line, holder.describe(), manifest.ds, manifest.corpus, LEASE_WAIT_S)
+        log.info("line %s trains %s: night %s of %s waits for it to join the line (looks again in %d s; if that "
+                 "run is gone without Airflow knowing, e.g. a killed `stoker refresh`, remove %s)", settings.line,
+                 holder.describe(), manifest.ds, manifest.corpus, LEASE_WAIT_S, lease_file(settings.layout))
         raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=LEASE_WAIT_S))
 
 

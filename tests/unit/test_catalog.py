@@ -113,3 +113,32 @@ def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsy
     rank.wait(timeout=20)
     assert start_ticks(shell.pid) is None and rank.returncode is not None
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_ctrl_c_gives_back_the_line_lease_of_the_interrupted_night(home, monkeypatch):
+    """`airflow dags test` leaves an interrupted task `running` in the database (no scheduler marks it over):
+    its lease would keep the line's next night waiting forever."""
+    import os
+
+    from stoker.lease import LeaseHolder, lease_holder, take_lease
+    from stoker_local import cli
+
+    corpora = home / "corpora"
+    corpora.mkdir()
+    (corpora / "web.yaml").write_text('name: web\nsource:\n  uri: "/d/{ds}"\ntokenizer:\n  path: "/t.json"\n'
+                                      "train:\n  line: shared\n")
+    monkeypatch.setenv("STOKER_CORPORA", str(corpora))
+    line = LineLayout.of("shared")
+    take_lease(line, LeaseHolder(dag_id="refresh_web", run_id="manual__2026-12-01", task_id="training.train",
+                                 corpus="web", ds="2026-12-01", topic="t"), holder_alive=lambda h: True)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.kbroker, "up", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "refresh_env", lambda log: dict(os.environ))
+    monkeypatch.setattr("stoker_local.progress.follow", interrupted)
+    assert main(["refresh", "web", "--ds", "2026-12-02"]) == 130
+    assert lease_holder(line) is not None  # another night's: not this refresh's to give back
+    assert main(["refresh", "web", "--ds", "2026-12-01"]) == 130
+    assert lease_holder(line) is None
