@@ -471,7 +471,8 @@ def test_a_night_run_by_stoker_refresh_is_listed_by_the_stacks_rest_api_after_up
         busy = s.stoker("refresh", "nightly", "--ds", ds, check=False)
         assert busy.returncode == 2 and "its scheduler runs refreshes itself" in busy.stderr, busy.stderr
     finally:
-        s.stoker("down", timeout=300)
+        s.stoker("down", timeout=300)  # what up started, and the PostgreSQL the refresh started
+        s.stoker("kafka", "down", timeout=120)  # the broker the refresh started (up found it running)
     deadline = time.monotonic() + 10
     while stack_processes(s.home) and time.monotonic() < deadline:
         time.sleep(0.5)
