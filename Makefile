@@ -35,7 +35,7 @@ help:
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
 	@echo "make test-quick  the unit tests only (no service started, under two minutes)"
 	@echo "make docs   regenerate docs/config.md, the configuration reference, from the code"
-	@echo "make bench  Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap; folder vs S3 vs HDFS;"
+	@echo "make bench  debug_cpu model step vs its earlier shape; Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap; folder vs S3 vs HDFS;"
 	@echo "            the publish step vs Kafka's ProducerPerformance; a 2.8 GB generated corpus (a 2.2 GB file,"
 	@echo "            many small, .zst, Parquet) through tokenize_publish at default settings (~40 min)"
 	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
@@ -136,6 +136,7 @@ lint: venv
 	$(BIN)/mypy
 
 bench: setup test-servers
+	$(BIN)/python bench/model_step_bench.py
 	$(BIN)/python bench/tokenize_bench.py
 	$(BIN)/python bench/source_bench.py
 	$(BIN)/python bench/store_bench.py
