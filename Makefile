@@ -31,7 +31,7 @@ export PYSPARK_PYTHON := $(BIN)/python
 .PHONY: versions help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench soak up down clean
 
 help:
-	@echo "make run    set up, start Kafka, run refresh_sample end to end, print the run summary"
+	@echo "make run    set up, start Kafka and PostgreSQL (Airflow's database, shared with make up), run refresh_sample end to end, print the run summary"
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
 	@echo "make test-quick  the unit tests only (no service started, under two minutes)"
 	@echo "make docs   regenerate docs/config.md, the configuration reference, from the code"
