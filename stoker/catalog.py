@@ -87,7 +87,7 @@ def render_runs(rows: list[dict[str, Any]]) -> str:
 
 def line_nights(line: str) -> list[dict[str, Any]]:
     """The nights of a model line in join order, each with its parent, role, steps and losses."""
-    from stoker.lines import head, joined_nights
+    from stoker.lines import head, joined_nights, same_night
 
     layout = LineLayout.of(line)
     top = head(layout)
@@ -99,8 +99,7 @@ def line_nights(line: str) -> list[dict[str, Any]]:
         rows.append({"night": night.folder.name, "seq": rec.get("seq"), "role": p.get("role", "head"),
                      "parent": parent, "topic": rec.get("topic"), "steps": rec.get("steps"),
                      "first_loss": rec.get("first_loss"), "last_loss": rec.get("last_loss"),
-                     "head": top is not None and (rec.get("ds"), rec.get("corpus"), rec.get("seq"))
-                     == (top.get("ds"), top.get("corpus"), top.get("seq")),
+                     "head": same_night(rec, top),
                      "folder": str(night.folder)})
     return rows
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from stoker import paths
 from stoker.layout import LineLayout, NightFiles, RunLayout, TrainerFiles
+from stoker.lines import same_night
 
 HOLD = "HOLD"
 """A night folder holding a file of this name is never removed by ``stoker gc``."""
@@ -69,8 +70,7 @@ def _runs(keep_runs: int, root: Path) -> list[Removal]:
 
 
 def _protected(rec: dict[str, Any], night: NightFiles, head: dict[str, Any] | None, last_seq: int) -> str:
-    if head is not None and (rec.get("ds"), rec.get("corpus"), rec.get("seq")) == (
-            head.get("ds"), head.get("corpus"), head.get("seq")):
+    if same_night(rec, head):
         return "the line's head"
     if int(rec.get("seq", 0)) == last_seq:
         return "joined last"

@@ -121,6 +121,11 @@ def joined_nights(line: LineLayout) -> list[tuple[dict[str, Any], NightFiles]]:
     return sorted(((read_night(n), n) for n in line.nights()), key=lambda rn: _order(rn[0]))
 
 
+def same_night(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two night records are the same join of the same night (date, corpus, join number)."""
+    return a is not None and b is not None and all(a.get(k) == b.get(k) for k in ("ds", "corpus", "seq"))
+
+
 def head(line: LineLayout) -> dict[str, Any] | None:
     """The record of the night that joined last as the line's continuation, None before the first."""
     heads = [r for r, _ in joined_nights(line) if r.get("parent", {}).get("role", "head") == "head"]

@@ -15,12 +15,6 @@ from stoker_local.cli import main
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
-    return tmp_path
-
-
 def _published(corpus: str, ds: str, sequences: int = 10) -> RunLayout:
     run = RunLayout.of(corpus, ds)
     write_manifest(run.run_dir, Manifest(

@@ -17,12 +17,6 @@ from stoker_local.cli import main
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
-    return tmp_path
-
-
 def _run(corpus: str, ds: str, mb: int = 1) -> RunLayout:
     run = RunLayout.of(corpus, ds)
     folder = run.trainer(f"stoker.{corpus}.{ds}.a1").checkpoints / "step00000010"

@@ -29,12 +29,6 @@ def _ti(corpus: str, try_number: int = 1) -> SimpleNamespace:
                            try_number=try_number)
 
 
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
-    return tmp_path
-
-
 def _operator(home, corpus: str, retries: int = 2):
     from stoker_airflow.lines import LineSettings
     from stoker_airflow.operators import DeepSpeedTrainOperator
