@@ -16,8 +16,8 @@ from stoker import paths
 from stoker.config import CorpusConfig, load_each
 from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, line_pool, topic_prefix
+from stoker.plan import RUN_PARAMS, refresh_dag
 from stoker_airflow.callbacks import stage_finished, stage_started
-from stoker_airflow.lines import LineSettings
 from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
 
@@ -51,24 +51,16 @@ Print a run's summary with `stoker runs show {name}/<date>`.
 
 
 def _params(cfg: CorpusConfig) -> dict[str, Param]:
-    return {
-        "source_uri": Param(
-            cfg.source.uri, type="string", minLength=1, title="Source",
-            description=("Where this run reads raw text: a folder or file://, s3://, hdfs:// URI. {ds} / "
-                         "{ds_nodash} become the run's date (its night's drop); {state} is .stoker/."),
-            section="Source"),
-        "seq_len": Param(
-            cfg.pack.seq_len, type="integer", minimum=2, maximum=1_048_576, title="Sequence length",
-            description=("Tokens per packed training sequence; each Kafka record holds seq_len+1 token ids. "
-                         "Documents are packed back to back with EOS between them and never attend across."),
-            section="Packing"),
-        "spark_partitions": Param(
-            cfg.publish.spark_partitions, type="integer", minimum=1, maximum=100_000, title="Spark partitions",
-            description=("Spark tasks that pack and publish, at least (a large drop gets a multiple of it), each "
-                         "one Kafka transaction (a retried task is fenced, so nothing is published twice). "
-                         "Set it to the cluster's cores or a multiple."),
-            section="Packing"),
-    }
+    """The run params (``stoker.plan.RUN_PARAMS``) as the trigger form's fields; the publish task applies
+    them to the corpus config and validates the whole (its run plan)."""
+    out = {}
+    for p in RUN_PARAMS:
+        limits = {"minimum": p.bounds[0], "maximum": p.bounds[1]} if p.bounds else {}
+        if p.kind == "string":
+            limits["minLength"] = 1
+        out[p.name] = Param(p.default(cfg), type=p.kind, title=p.title, description=p.description,
+                            section=p.section, **limits)
+    return out
 
 
 def _assets(cfg: CorpusConfig) -> tuple[Asset, Asset, Asset]:
@@ -89,12 +81,11 @@ def _publish_group(cfg: CorpusConfig, run: RunLayout, source: Asset, topic: Asse
     with TaskGroup("publish", tooltip="Spark tokenise-and-publish, then check Kafka holds it all") as group:
         tokenize_publish = TokenizePublishOperator(
             task_id="tokenize_publish", corpus_path=str(paths.corpora_dir() / f"{cfg.name}.yaml"),
-            corpus=cfg.name, ds=DS, kafka_config_id=KAFKA_CONN, aws_conn_id=cfg.source.aws_conn_id,
-            extra_args=["--source-uri", "{{ params.source_uri }}", "--seq-len", "{{ params.seq_len }}",
-                        "--spark-partitions", "{{ params.spark_partitions }}"],
-            name=f"stoker-{cfg.name}", inlets=[source], outlets=[topic],
+            ds=DS, kafka_config_id=KAFKA_CONN, aws_conn_id=cfg.source.aws_conn_id, name=f"stoker-{cfg.name}",
+            inlets=[source], outlets=[topic],
             doc_md=("spark-submit spark_jobs/tokenize_publish.py: validate, normalise, dedup, tokenise, "
-                    "pack and publish to a topic of this attempt; the manifest is written last."),
+                    "pack and publish to a topic of this attempt; the manifest is written last, the run "
+                    "plan (the corpus config with the run's params) first."),
         )
         await_published = KafkaPublishedSensor(
             task_id="await_published", manifest_path=str(run.manifest), kafka_config_id=KAFKA_CONN,
@@ -111,7 +102,7 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
             task_id="train", manifest_path=str(run.manifest), recipe=cfg.train.recipe,
             world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic], poll_interval=5,
             timeout_s=cfg.train.timeout_s, log_keys=cfg.train.log_keys, retries=cfg.train.max_restarts,
-            line=LineSettings.of(cfg.train).to_dict(), pool=line_pool(cfg.train.line), nodes=cfg.train.nodes,
+            pool=line_pool(cfg.train.line), nodes=cfg.train.nodes,
             launcher=cfg.train.launcher, node_shell=cfg.train.node_shell,
             retry_delay=timedelta(seconds=cfg.train.restart_delay_s), retry_exponential_backoff=False,
             doc_md=("Launches the trainer detached (torchrun) and follows it, deferred, until it has consumed "
@@ -130,7 +121,7 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
 def _dag_args(cfg: CorpusConfig) -> dict[str, Any]:
     s = cfg.schedule
     return {
-        "dag_id": f"refresh_{cfg.name}",
+        "dag_id": refresh_dag(cfg.name),
         "description": f"Refresh of corpus {cfg.name}: source → Spark → Kafka → DeepSpeed",
         "schedule": s.cron,
         "start_date": datetime.combine(s.start_date, datetime.min.time(), tzinfo=UTC),
@@ -203,6 +194,6 @@ for _cfg in _configs:
     if _bad_recipe:
         _errors.append(_bad_recipe)
     else:
-        globals()[f"refresh_{_cfg.name}"] = build_dag(_cfg)
+        globals()[refresh_dag(_cfg.name)] = build_dag(_cfg)
 if _errors:
     stoker_corpus_config_errors = config_errors_dag(_errors)

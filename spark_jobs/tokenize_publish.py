@@ -1,7 +1,8 @@
 """Spark application: read → validate → normalise → dedup → tokenise → pack → publish → manifest.
 
-Submitted with ``spark-submit spark_jobs/tokenize_publish.py --corpus corpora/<name>.yaml --ds ...``
-(Airflow's ``tokenize_publish`` task does this through ``spark_default``). Kafka's client config
+Submitted with ``spark-submit spark_jobs/tokenize_publish.py --plan <run folder>/plan.json``
+(Airflow's ``tokenize_publish`` task writes the plan, ``stoker.plan``, and submits through
+``spark_default``). Kafka's client config
 comes from ``$STOKER_KAFKA_CONFIG`` (JSON), never from the command line, so secrets stay out of
 process listings.
 
@@ -19,7 +20,6 @@ The manifest is written last and atomically: it is the commit point of the run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -32,10 +32,11 @@ from typing import Any
 from stoker import kafka as skafka
 from stoker import paths, records
 from stoker.client_config import config_from_env, with_password_file
-from stoker.config import CorpusConfig, load_corpus
+from stoker.config import CorpusConfig
 from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, tasks_topic
 from stoker.manifest import Manifest, PartitionRange, sha256_file, write_manifest
+from stoker.plan import read_plan
 
 log = logging.getLogger("stoker.tokenize_publish")
 
@@ -284,13 +285,9 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", required=True, help="corpora/<name>.yaml")
-    ap.add_argument("--ds", required=True, help="logical date YYYY-MM-DD (selects {ds} in source.uri)")
-    ap.add_argument("--topic", required=True, help="run-scoped topic, e.g. stoker.sample.20261201.a1")
-    ap.add_argument("--run-dir", required=True, help="where the manifest and quarantine go")
-    ap.add_argument("--source-uri", help="override source.uri for this run")
-    ap.add_argument("--seq-len", type=int, help="override pack.seq_len for this run")
-    ap.add_argument("--spark-partitions", type=int, help="override publish.spark_partitions for this run")
+    ap.add_argument("--plan", required=True, help="the run plan (<run folder>/plan.json, stoker.plan.RunPlan): the "
+                    "corpus config with the run's params, its date and topic; the manifest and quarantine go "
+                    "next to it")
     ap.add_argument("--secrets-file", help="a JSON object of environment entries (the Kafka client config, S3 "
                     "credentials) for YARN and Kubernetes masters, shipped with --files; a missing path is looked "
                     "for by name in the working folder")
@@ -300,17 +297,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def apply_overrides(cfg: CorpusConfig, args: argparse.Namespace) -> CorpusConfig:
-    """Per-run overrides (the DAG's params form); the config classes re-validate them."""
-    if args.source_uri:
-        cfg.source = dataclasses.replace(cfg.source, uri=args.source_uri)
-    if args.seq_len:
-        cfg.pack = dataclasses.replace(cfg.pack, seq_len=args.seq_len)
-    if args.spark_partitions:
-        cfg.publish = dataclasses.replace(cfg.publish, spark_partitions=args.spark_partitions)
-    return cfg
-
-
 def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
@@ -318,33 +304,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.secrets_file:
         paths.load_private_env(args.secrets_file)
-    cfg = apply_overrides(load_corpus(args.corpus), args)
+    plan = read_plan(args.plan)
+    cfg, ds, run_dir = plan.corpus, plan.ds, Path(args.plan).parent
     fail: tuple[int, int] | None = None
     if args.fail_first_attempt:
         from spark_jobs.publish import KILL_AFTER_COMMIT
 
         part, after = args.fail_first_attempt.split(":")
         fail = (int(part), KILL_AFTER_COMMIT if after == "committed" else int(after))
-    builder = (SparkSession.builder.appName(f"stoker-tokenize-publish-{cfg.name}-{args.ds}")
+    builder = (SparkSession.builder.appName(f"stoker-tokenize-publish-{cfg.name}-{ds}")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2048")
              # one task per core already: the tokenizer's own thread pool would oversubscribe them
              # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
              .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false"))
-    uri = cfg.source.render(args.ds)
-    if uri.startswith(("s3://", "s3a://")) and "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if plan.source_uri.startswith(("s3://", "s3a://")) and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # a plain `python` launch starts the JVM here; under spark-submit the operator gave --jars
         from stoker.connectors import s3a_jars
 
         builder = builder.config("spark.jars", ",".join(str(j) for j in s3a_jars()))
     spark = builder.getOrCreate()
     try:
-        m = run_job(spark, cfg, ds=args.ds, topic=args.topic, run_dir=Path(args.run_dir),
+        m = run_job(spark, cfg, ds=ds, topic=plan.topic, run_dir=run_dir,
                     kafka_config=config_from_env(resolve_password=False), fail=fail)
     finally:
         spark.stop()
     log.info("published %d sequences (%d tokens) of %d/%d docs to %s", m.sequences, m.tokens,
              m.docs_kept, m.docs_in, m.topic)
-    print(json.dumps({"manifest": str(RunLayout(Path(args.run_dir)).manifest), "sequences": m.sequences}))
+    print(json.dumps({"manifest": str(RunLayout(run_dir).manifest), "sequences": m.sequences}))
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from stoker import paths
 from stoker.exceptions import StokerError
+from stoker.plan import refresh_dag
 
 
 @dataclass(slots=True)
@@ -36,7 +37,7 @@ def _corpus(name: str, found: list[Finding]) -> Any:
                                                f"{', '.join(have) or 'none'}; STOKER_CORPORA chooses the folder)"))
         return None
     cfg = load_corpus(path)  # a ConfigError names the field, the value and the limit
-    found.append(Finding("corpus", "ok", f"{path} (DAG refresh_{cfg.name})"))
+    found.append(Finding("corpus", "ok", f"{path} (DAG {refresh_dag(cfg.name)})"))
     return cfg
 
 

@@ -28,6 +28,9 @@ _SCHEMES = ("file", "s3", "s3a", "hdfs")
 _FORMATS = ("jsonl", "text", "parquet")
 _NORMALIZATIONS = ("NFC", "NFKC", "none")
 _COMPRESSIONS = ("zstd", "lz4")
+SEQ_LEN_BOUNDS = (2, 1_048_576)
+"""``pack.seq_len``'s range (the DAG's param form shows the same)."""
+SPARK_PARTITIONS_BOUNDS = (1, 100_000)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -141,8 +144,9 @@ class PackConfig:
     """Tokens per training sequence; each record holds seq_len + 1 ids (inputs and shifted labels)."""
 
     def __post_init__(self) -> None:
-        if not 2 <= self.seq_len <= 1_048_576:
-            raise _fail("pack.seq_len", self.seq_len, "must be in [2, 1048576]")
+        low, high = SEQ_LEN_BOUNDS
+        if not low <= self.seq_len <= high:
+            raise _fail("pack.seq_len", self.seq_len, f"must be in [{low}, {high}]")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -192,8 +196,9 @@ class PublishConfig:
     ``default_spark_conf``)."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.spark_partitions <= 100_000:
-            raise _fail("publish.spark_partitions", self.spark_partitions, "must be in [1, 100000]")
+        low, high = SPARK_PARTITIONS_BOUNDS
+        if not low <= self.spark_partitions <= high:
+            raise _fail("publish.spark_partitions", self.spark_partitions, f"must be in [{low}, {high}]")
         if not 1_000 <= self.transaction_timeout_ms <= 900_000:
             raise _fail("publish.transaction_timeout_ms", self.transaction_timeout_ms, "must be in [1000, 900000]")
         bad = [k for k in self.spark_conf if not k.startswith("spark.")]
@@ -301,7 +306,8 @@ class TrainConfig:
 @dataclass(kw_only=True, slots=True)
 class CorpusConfig:
     name: str
-    """Corpus name: the DAG is ``refresh_<name>``, topics are ``stoker.<name>.<date>.a<try>``."""
+    """Corpus name: the DAG is ``refresh_<name>`` (``stoker.plan.refresh_dag``), topics are
+    ``stoker.<name>.<date>.a<try>``."""
     source: SourceConfig
     tokenizer: TokenizerConfig
     description: str = ""

@@ -155,6 +155,11 @@ class RunLayout:
         return self.run_dir / MANIFEST_NAME
 
     @property
+    def plan(self) -> Path:
+        """The run plan (``stoker.plan.RunPlan``): the corpus config with the run's params, written before Spark."""
+        return self.run_dir / "plan.json"
+
+    @property
     def quarantine(self) -> Path:
         return self.run_dir / "quarantine"
 

@@ -49,6 +49,29 @@ from stoker.manifest import atomic_write_json, sha256_file
 
 
 @dataclass(kw_only=True, slots=True)
+class LineSettings:
+    """A corpus's ``train`` settings that concern its model line."""
+
+    line: str
+    init: str = "random"
+    older_nights: str = "branch"
+    optimizer: str = "carry"
+    lr_schedule: str = "rewarm"
+
+    @classmethod
+    def of(cls, train: Any) -> LineSettings:
+        return cls(line=train.line, init=train.init, older_nights=train.older_nights, optimizer=train.optimizer,
+                   lr_schedule=train.lr_schedule)
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @property
+    def layout(self) -> LineLayout:
+        return LineLayout.of(self.line)
+
+
+@dataclass(kw_only=True, slots=True)
 class TokenizerFacts:
     path: str
     sha256: str

@@ -110,8 +110,22 @@ def section(heading: str, prefix: str, cls: type) -> str:
     return f"## {heading}\n\n" + "\n".join(rows) + "\n"
 
 
+def run_params() -> str:
+    """What a run may change without editing the YAML (the DAG's trigger form, a run's conf)."""
+    from stoker.plan import RUN_PARAMS
+
+    rows = ["| Param | Replaces | Range | What it does |", "|---|---|---|---|"]
+    for p in RUN_PARAMS:
+        span = f"{p.bounds[0]} to {p.bounds[1]}" if p.bounds else "-"
+        rows.append(f"| `{p.name}` | `{p.field}` | {span} | {_cell(p.description)} |")
+    return ("## Run params\n\nA run may change these fields for itself: the DAG's trigger form, a run's conf "
+            "(`stoker airflow dags trigger --conf`), `stoker refresh`'s Airflow run. The publish task applies "
+            "them to the corpus config, validates the whole once and writes the run plan "
+            "(`<run folder>/plan.json`), which the Spark job and the train task read.\n\n" + "\n".join(rows) + "\n")
+
+
 def render() -> str:
-    return "\n".join([INTRO, *(section(h, p, _class(c)) for h, p, c in SECTIONS)])
+    return "\n".join([INTRO, *(section(h, p, _class(c)) for h, p, c in SECTIONS), run_params()])
 
 
 def main(argv: list[str]) -> int:

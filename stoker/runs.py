@@ -105,6 +105,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "stages": stage_rows(run_dir),
         "training": _training(run_dir, m),
         "training_skipped": training_skipped(m),
+        "params": (_read_json(RunLayout(Path(run_dir)).plan) or {}).get("params"),
     }
 
 
@@ -135,6 +136,7 @@ def render(s: dict[str, Any]) -> str:
     lines = [
         f"run {s['run_id']}  ({s['run_dir']})",
         f"  topic            {s['topic']}",
+        *(["  params           " + "  ".join(f"{k}={v}" for k, v in s["params"].items())] if s.get("params") else []),
         f"  source           {s['source_uri']}  ({s['source_files']} files, {s['source_bytes']} bytes)",
         f"  docs in          {s['docs_in']}",
         f"  docs kept        {s['docs_kept']}",

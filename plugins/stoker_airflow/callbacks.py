@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stoker.layout import RunLayout
+from stoker.plan import corpus_of
 from stoker.runs import record_stage
 
 
@@ -16,7 +17,7 @@ def run_ds(context: Any) -> str:
 
 
 def _record(context: Any, event: str) -> None:
-    corpus = context["dag"].dag_id.removeprefix("refresh_")
+    corpus = corpus_of(context["dag"].dag_id) or context["dag"].dag_id
     stage = context["task"].task_id.rsplit(".", 1)[-1]  # without its task group's prefix
     record_stage(RunLayout.of(corpus, run_ds(context)).run_dir, stage, event, run=context["run_id"])
 

@@ -8,39 +8,24 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.layout import LineLayout, NightFiles, TrainerFiles
+from stoker.layout import NightFiles, TrainerFiles
 from stoker.lease import LeaseHolder, give_back_lease, lease_file, take_lease
-from stoker.lines import Parent, TokenizerFacts, check_agreement, night_record, plan, promote, tokenizer_facts
+from stoker.lines import (
+    LineSettings,
+    Parent,
+    TokenizerFacts,
+    check_agreement,
+    night_record,
+    plan,
+    promote,
+    tokenizer_facts,
+)
 from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.lines")
-
-
-@dataclass(kw_only=True, slots=True)
-class LineSettings:
-    """A corpus's ``train`` settings that concern its model line."""
-
-    line: str
-    init: str = "random"
-    older_nights: str = "branch"
-    optimizer: str = "carry"
-    lr_schedule: str = "rewarm"
-
-    @classmethod
-    def of(cls, train: Any) -> LineSettings:
-        return cls(line=train.line, init=train.init, older_nights=train.older_nights, optimizer=train.optimizer,
-                   lr_schedule=train.lr_schedule)
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-    @property
-    def layout(self) -> LineLayout:
-        return LineLayout.of(self.line)
 
 
 def _fail(e: Exception) -> Exception:
@@ -145,9 +130,14 @@ def launch_parent(settings: LineSettings, files: TrainerFiles, manifest: Any) ->
     return parent
 
 
+def init_args(parent: Parent) -> list[str]:
+    """The trainer's start: the parent planned at this launch (the rest of the line's settings are in the plan)."""
+    return ["--init-from", parent.path] if parent.kind in ("night", "hf") else []
+
+
 def trainer_args(settings: LineSettings, parent: Parent) -> list[str]:
-    init = ["--init-from", parent.path] if parent.kind in ("night", "hf") else []
-    return [*init, "--optimizer", settings.optimizer, "--lr-schedule", settings.lr_schedule]
+    """A trainer launched without a run plan: the line's settings as flags."""
+    return [*init_args(parent), "--optimizer", settings.optimizer, "--lr-schedule", settings.lr_schedule]
 
 
 def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles) -> NightFiles:

@@ -13,12 +13,13 @@ from airflow.sdk import BaseOperator, BaseOperatorLink
 
 from stoker import paths
 from stoker.config import NODE_SHELL
+from stoker.lines import LineSettings
 from stoker_airflow.hooks import StokerKafkaHook
 from stoker_airflow.launcher import LOCAL_HOSTS, Placement
 from stoker_airflow.lines import (
-    LineSettings,
     check_before_publish,
     give_back_line_lease,
+    init_args,
     join_line,
     launch_parent,
     take_line_lease,
@@ -67,7 +68,7 @@ class TokenizePublishOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "corpus_path", "ds", "extra_args")
 
-    def __init__(self, *, corpus_path: str, corpus: str, ds: str, kafka_config_id: str = "kafka_default",
+    def __init__(self, *, corpus_path: str, ds: str, kafka_config_id: str = "kafka_default",
                  aws_conn_id: str = "aws_default", extra_args: list[str] | None = None, **kwargs: Any) -> None:
         if not Path(corpus_path).is_file():
             raise ValueError(f"corpus_path = {corpus_path!r}: no such corpus config")
@@ -75,33 +76,40 @@ class TokenizePublishOperator(SparkSubmitOperator):
         kwargs.setdefault("conf", default_spark_conf())
         super().__init__(**kwargs)
         self.corpus_path = corpus_path
-        self.corpus = corpus
         self.ds = ds
         self.kafka_config_id = kafka_config_id
         self.aws_conn_id = aws_conn_id
         self.extra_args = list(extra_args or [])
 
-    def _source_uri(self, cfg: Any) -> str:
-        if "--source-uri" in self.extra_args:
-            return self.extra_args[self.extra_args.index("--source-uri") + 1]
-        return str(cfg.source.uri)
+    def plan(self, context: Any) -> Any:
+        """The run plan: the corpus config with this run's params, the night's line parent, validated once
+        and written next to the manifest before Spark runs. A bad param fails the task for good (a retry
+        cannot fix it), naming the param, the value and the limit."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from stoker.exceptions import ConfigError
+        from stoker.plan import RUN_PARAMS, plan_run
+
+        given = context.get("params") or {}
+        params = {p.name: given[p.name] for p in RUN_PARAMS if p.name in given}
+        try:
+            plan = plan_run(self.corpus_path, self.ds, params, attempt=context["ti"].try_number)
+        except ConfigError as e:
+            raise AirflowFailException(str(e)) from None
+        plan.parent = check_before_publish(plan.corpus, self.ds).to_dict()  # before any data moves
+        plan.write()
+        return plan
 
     def execute(self, context: Any) -> None:
-        from stoker.config import load_corpus
-        from stoker.layout import RunLayout, run_topic
-
-        cfg = load_corpus(self.corpus_path)
-        check_before_publish(cfg, self.ds)  # the model line's decision and the tokenizer, before Spark runs
+        plan = self.plan(context)
+        cfg, run, topic = plan.corpus, plan.run, plan.topic
         self.conf = {**(self.conf or {}), **cfg.publish.spark_conf}
-        run = RunLayout.of(self.corpus, self.ds)
-        topic = run_topic(self.corpus, self.ds, context["ti"].try_number)
-        self.application_args = ["--corpus", self.corpus_path, "--ds", self.ds, "--topic", topic,
-                                 "--run-dir", str(run.run_dir), *self.extra_args]
+        self.application_args = ["--plan", str(run.plan), *self.extra_args]
         hook = StokerKafkaHook(self.kafka_config_id)
         self.env_vars = {**(self.env_vars or {}), "PYSPARK_PYTHON": sys.executable,
                          "PYSPARK_DRIVER_PYTHON": sys.executable}
         secrets = {"STOKER_KAFKA_CONFIG": json.dumps(hook.subprocess_config())}
-        if self._source_uri(cfg).startswith(("s3://", "s3a://")):
+        if cfg.source.uri.startswith(("s3://", "s3a://")):
             from stoker.connectors import s3a_jars
             from stoker_airflow.hooks import s3_settings
 
@@ -265,6 +273,17 @@ class DeepSpeedTrainOperator(BaseOperator):
             raise ValueError(f"world_size = {world_size}: must be a multiple of the {len(self.nodes)} nodes")
         """The model line (``LineSettings``) the night continues; None: a model of its own."""
 
+    def line_settings(self) -> LineSettings | None:
+        """The model line the night continues: the corpus's, from the run plan the publish task wrote (the
+        ``line`` argument, where given, wins: a trainer run outside a refresh DAG)."""
+        from stoker.layout import RunLayout
+        from stoker.plan import read_plan
+
+        if self.line:
+            return LineSettings(**self.line)
+        plan = RunLayout.of_manifest(self.manifest_path).plan
+        return LineSettings.of(read_plan(plan).corpus.train) if plan.is_file() else None
+
     def _placement(self) -> Placement:
         return Placement(world_size=self.world_size, launcher=self.launcher, nodes=self.nodes,
                          node_shell=self.node_shell)
@@ -278,7 +297,7 @@ class DeepSpeedTrainOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         import time
 
-        from stoker.layout import consumer_group
+        from stoker.layout import RunLayout, consumer_group
         from stoker.manifest import read_manifest
         from stoker.runs import training_skipped
         from stoker_airflow.sensors import lag_trigger
@@ -289,8 +308,9 @@ class DeepSpeedTrainOperator(BaseOperator):
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(skipped)
-        if self.line:  # before anything of the night's trainer is touched: another night may hold the line
-            take_line_lease(LineSettings(**self.line), m, context["ti"])
+        settings = self.line_settings()
+        if settings:  # before anything of the night's trainer is touched: another night may hold the line
+            take_line_lease(settings, m, context["ti"])
         launcher = self._launcher(m)
         launcher.adopt_or_reset(m)
         placement = self._placement()
@@ -301,17 +321,18 @@ class DeepSpeedTrainOperator(BaseOperator):
             launcher.files.failure.unlink(missing_ok=True)
             config = StokerKafkaHook(self.kafka_config_id).subprocess_config()
             extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if self.log_keys else [])]
-            if self.line:
-                settings = LineSettings(**self.line)
+            plan = RunLayout.of_manifest(self.manifest_path).plan
+            extra += ["--plan", str(plan)] if plan.is_file() else []  # the recipe and the line's settings
+            if settings:
                 parent = launch_parent(settings, launcher.files, m)
                 self.log.info("night %s of line %s starts from %s", m.ds, settings.line, parent.describe())
-                extra += trainer_args(settings, parent)
+                extra += init_args(parent) if plan.is_file() else trainer_args(settings, parent)
             env = {"STOKER_KAFKA_CONFIG": json.dumps(config)}
             if any(h not in LOCAL_HOSTS for h in self.nodes):  # ssh passes no environment: a 0600 file
                 launcher.files.folder.mkdir(parents=True, exist_ok=True)
                 paths.write_private(launcher.files.secrets, json.dumps(env))
                 extra += ["--secrets-file", str(launcher.files.secrets)]
-            cmd = launcher.commands(self.manifest_path, self.recipe, placement, extra)
+            cmd = launcher.commands(self.manifest_path, None if plan.is_file() else self.recipe, placement, extra)
             pid = launcher.start(m, cmd, env, self.world_size)
             self.log.info("trainer started (pid %d, %d ranks, try %d): %s; log %s", pid, self.world_size,
                           context["ti"].try_number, " & ".join(" ".join(c) for c in cmd), launcher.files.log)
@@ -329,7 +350,7 @@ class DeepSpeedTrainOperator(BaseOperator):
         m = read_manifest(self.manifest_path)
         launcher = self._launcher(m)
         launcher.files.secrets.unlink(missing_ok=True)
-        settings = LineSettings(**self.line) if self.line else None
+        settings = self.line_settings()
         if event["status"] == Status.CAUGHT_UP:
             night = join_line(settings, m, launcher.files) if settings else None
             if settings:

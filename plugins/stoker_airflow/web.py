@@ -46,8 +46,9 @@ def run_for_dag_run(dag_id: str, run_id: str) -> Path | None:
     import json
 
     from stoker import paths
+    from stoker.plan import corpus_of
 
-    corpus = dag_id.removeprefix("refresh_")
+    corpus = corpus_of(dag_id) or dag_id
     for run in sorted((RunLayout(d) for d in (paths.runs_dir() / corpus).glob("*")), reverse=True,
                       key=lambda r: r.run_dir.name):
         try:

@@ -324,8 +324,14 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
     run_dir = RunLayout.of("sample", "2026-12-09").run_dir
     m = read_manifest(run_dir)
     assert len(skafka.read_all(secure_kafka, m.topic)) == m.sequences > 0
-    training = json.loads((run_dir / "summary.json").read_text())["training"]
-    assert training["sequences_consumed"] == m.sequences
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["training"]["sequences_consumed"] == m.sequences
+    # the run conf reached the job through the run plan, and the summary says what the run changed
+    from stoker.plan import read_plan
+
+    plan = read_plan(RunLayout.of("sample", "2026-12-09").plan)
+    assert plan.source_uri == str(drop) == m.source_uri and plan.topic == m.topic
+    assert summary["params"]["source_uri"] == str(drop)
     password = secure_kafka["sasl.password"]
     assert listings.stop() > 10, "the process listing was not sampled"
     assert password not in listings.text and password not in log

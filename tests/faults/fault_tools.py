@@ -50,15 +50,20 @@ def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, c
 def submit(cfg: Path, topic: str, run_dir: Path, kafka_config: dict, fresh: bool = True,
             *extra: str) -> subprocess.Popen:
     from stoker.layout import tasks_topic
+    from stoker.plan import plan_run
     from stoker_airflow.operators import default_spark_conf
 
+    plan = plan_run(cfg, "2026-12-01", attempt=int(topic.rsplit(".a", 1)[1]))  # as the publish task does
+    assert plan.topic == topic, (plan.topic, topic)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan.write(run_dir / "plan.json")
     if fresh:  # no topic of an earlier test run: publishing is seen when this job's records arrive
         skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
 
     cmd = [str(paths.venv_bin("spark-submit")), "--master", "local[2,4]",
            *[a for k, v in default_spark_conf().items() for a in ("--conf", f"{k}={v}")],
-           str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"), "--corpus", str(cfg),
-           "--ds", "2026-12-01", "--topic", topic, "--run-dir", str(run_dir), *extra]
+           str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"), "--plan",
+           str(run_dir / "plan.json"), *extra]
     env = {**os.environ, "STOKER_KAFKA_CONFIG": json.dumps(kafka_config), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     log = open(run_dir.parent / f"{run_dir.name}.log", "wb")  # noqa: SIM115 - the child writes it

@@ -99,7 +99,8 @@ def _night_one(kafka_config: dict, sample_corpus: dict, tmp_path: Path) -> str:
     """Night 1 of the `trainkill` line (the day before), trained as the train task trains it."""
     from trainer_tools import launch_trainer, publish_text_run, wait_trainer
 
-    from stoker_airflow.lines import LineSettings, join_line, launch_parent, trainer_args
+    from stoker.lines import LineSettings
+    from stoker_airflow.lines import join_line, launch_parent, trainer_args
     from stoker_local.sample import texts
 
     settings = LineSettings(line="trainkill")

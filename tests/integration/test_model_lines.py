@@ -18,8 +18,8 @@ from trainer_tools import launch_logs, launch_trainer, publish_text_run, wait_tr
 from stoker import kafka as skafka
 from stoker.exceptions import StokerError
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines import head, plan, read_night
-from stoker_airflow.lines import LineSettings, join_line, launch_parent, trainer_args
+from stoker.lines import LineSettings, head, plan, read_night
+from stoker_airflow.lines import join_line, launch_parent, trainer_args
 from stoker_local.sample import texts
 
 pytestmark = pytest.mark.integration

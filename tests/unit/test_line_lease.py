@@ -30,7 +30,7 @@ def _ti(corpus: str, try_number: int = 1) -> SimpleNamespace:
 
 
 def _operator(home, corpus: str, retries: int = 2):
-    from stoker_airflow.lines import LineSettings
+    from stoker.lines import LineSettings
     from stoker_airflow.operators import DeepSpeedTrainOperator
 
     run = RunLayout.of(corpus, "2026-12-01")
@@ -87,7 +87,7 @@ def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_ke
 
 def test_a_holder_whose_task_is_over_is_taken_over_and_a_retry_keeps_its_own(home):
     from stoker.lease import give_back_lease, take_lease
-    from stoker_airflow.lines import LineSettings
+    from stoker.lines import LineSettings
 
     layout = LineSettings(line="pair").layout
     assert take_lease(layout, _holder("pair_a"), holder_alive=lambda h: True) is None

@@ -210,7 +210,8 @@ def test_the_train_task_holds_its_lines_pool():
     import dags.refresh_dags as m
 
     train = m.refresh_sample.get_task("training.train")
-    assert train.pool == "stoker_line_sample" and train.line["line"] == "sample"
+    assert train.pool == "stoker_line_sample"
+    assert train.line is None  # the line's settings come from the run plan (tests/unit/test_run_plan.py)
 
 
 def test_node_settings_validate():

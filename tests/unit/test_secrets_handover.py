@@ -32,8 +32,8 @@ def test_secrets_reach_the_job_but_no_command_line(corpus, monkeypatch, master, 
     from stoker_airflow.operators import SECRETS_FILE, TokenizePublishOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_T", json.dumps({"conn_type": "spark", "host": master}))
-    op = TokenizePublishOperator(task_id="t", corpus_path=corpus, corpus="c", ds="2026-12-01", conn_id="spark_t")
-    op.application_args = ["--corpus", corpus]
+    op = TokenizePublishOperator(task_id="t", corpus_path=corpus, ds="2026-12-01", conn_id="spark_t")
+    op.application_args = ["--plan", "plan.json"]
     secrets = {"STOKER_KAFKA_CONFIG": json.dumps({"bootstrap.servers": "b:9093", "sasl.password": SECRET}),
                "AWS_SECRET_ACCESS_KEY": SECRET}
     folder = op.hand_over(secrets)

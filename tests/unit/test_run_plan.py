@@ -1,0 +1,101 @@
+"""The run plan: a run's params applied to the corpus config and validated once, by the publish task,
+and read by the Spark job and the train task instead of flags and copied bounds."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from stoker import config
+from stoker.exceptions import ConfigError
+from stoker.layout import RunLayout, run_topic
+from stoker.plan import RUN_PARAMS, corpus_of, plan_run, read_plan, refresh_dag
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture()
+def corpus(home, tmp_path):
+    path = tmp_path / "corpora" / "web.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump({
+        "name": "web", "source": {"uri": "/data/web/{ds}"}, "tokenizer": {"path": str(tmp_path / "none.json")},
+        "pack": {"seq_len": 256}, "train": {"line": "pair", "optimizer": "fresh"}}))
+    return path
+
+
+def test_params_apply_to_the_config_and_are_validated_once(corpus):
+    plan = plan_run(corpus, "2026-12-03", {"seq_len": "512", "source_uri": "/other/{ds}"}, attempt=2)
+    assert plan.corpus.pack.seq_len == 512 and plan.corpus.source.uri == "/other/{ds}"
+    assert plan.source_uri == "/other/2026-12-03" and plan.topic == run_topic("web", "2026-12-03", 2)
+    assert plan.params == {"source_uri": "/other/{ds}", "seq_len": 512, "spark_partitions": 4}
+    with pytest.raises(ConfigError, match=r"pack.seq_len = 1: must be in \[2, 1048576\]"):
+        plan_run(corpus, "2026-12-03", {"seq_len": 1})
+    with pytest.raises(ConfigError, match=r"param 'seq_length' is not a run param; allowed: \['seq_len'"):
+        plan_run(corpus, "2026-12-03", {"seq_length": 512})
+    with pytest.raises(ConfigError, match=r"publish.spark_partitions = 0: must be in \[1, 100000\]"):
+        plan_run(corpus, "2026-12-03", {"spark_partitions": 0})
+
+
+def test_the_plan_is_written_next_to_the_manifest_and_reads_back(corpus):
+    plan = plan_run(corpus, "2026-12-03", {"seq_len": 128}, parent={"kind": "random", "line": "pair"})
+    path = plan.write()
+    assert path == RunLayout.of("web", "2026-12-03").plan
+    again = read_plan(path)
+    assert again.corpus == plan.corpus and again.topic == plan.topic and again.parent == plan.parent
+    data = json.loads(path.read_text())
+    assert data["dag_id"] == "refresh_web" and data["run_dir"] == str(path.parent)
+    with pytest.raises(ConfigError, match="plan version 0"):
+        path.write_text(json.dumps({**data, "version": 0}))
+        read_plan(path)
+
+
+def test_names_are_spelled_once():
+    assert refresh_dag("web") == "refresh_web" and corpus_of("refresh_web") == "web"
+    assert corpus_of("some_other_dag") is None
+
+
+def test_the_dags_param_form_comes_from_the_run_params():
+    import dags.refresh_dags as m
+
+    params = m.refresh_sample.params
+    assert list(params) == [p.name for p in RUN_PARAMS]
+    schema = params.get_param("seq_len").schema
+    assert (schema["minimum"], schema["maximum"]) == config.SEQ_LEN_BOUNDS
+    schema = params.get_param("spark_partitions").schema
+    assert (schema["minimum"], schema["maximum"]) == config.SPARK_PARTITIONS_BOUNDS
+
+
+def test_the_publish_task_writes_the_plan_and_the_train_task_reads_its_line_from_it(corpus):
+    from stoker_airflow.operators import DeepSpeedTrainOperator, TokenizePublishOperator
+
+    op = TokenizePublishOperator(task_id="t", corpus_path=str(corpus), ds="2026-12-03")
+    context = {"params": {"seq_len": 64, "source_uri": "/data/web/{ds}", "spark_partitions": 2},
+               "ti": SimpleNamespace(try_number=3)}
+    plan = op.plan(context)
+    on_disk = read_plan(plan.run.plan)
+    assert on_disk.corpus.pack.seq_len == 64 and on_disk.corpus.publish.spark_partitions == 2
+    assert on_disk.topic.endswith(".a3") and on_disk.parent["kind"] == "random"  # the line's first night
+    train = DeepSpeedTrainOperator(task_id="train", manifest_path=str(plan.run.manifest))
+    settings = train.line_settings()
+    assert settings is not None and (settings.line, settings.optimizer) == ("pair", "fresh")
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match=r"pack.seq_len = 1: must be in \[2, 1048576\]"):
+        op.plan({**context, "params": {**context["params"], "seq_len": 1}})
+
+
+def test_stoker_refresh_checks_its_params_before_anything_starts():
+    from stoker.exceptions import StokerError
+    from stoker_local.refresh import run_conf
+
+    assert run_conf("sample", "2026-12-01", ["seq_len=512", "source_uri=/data/x"]) == {
+        "seq_len": 512, "source_uri": "/data/x"}
+    with pytest.raises(StokerError, match=r"pack.seq_len = 4000000: must be in \[2, 1048576\]"):
+        run_conf("sample", "2026-12-01", ["seq_len=4000000"])
+    with pytest.raises(StokerError, match="write NAME=VALUE"):
+        run_conf("sample", "2026-12-01", ["seq_len"])
