@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stoker import records
+from stoker.kafka_clients import Role
+from stoker.kafka_clients import consumer as kafka_consumer
 from stoker.layout import tasks_topic
 
 TX_INIT_TIMEOUT_S = 120.0
@@ -75,19 +77,10 @@ class InjectedFailure(RuntimeError):
 
 
 def _producer(config: Mapping[str, Any], transactional_id: str, compression: str, tx_timeout_ms: int):
-    from confluent_kafka import Producer
+    from stoker.kafka_clients import producer
 
-    conf = dict(config)
-    conf.update({
-        "transactional.id": transactional_id,
-        "enable.idempotence": True,
-        "acks": "all",
-        "compression.type": compression,
-        "linger.ms": 20,
-        "batch.size": 1 << 20,
-        "transaction.timeout.ms": tx_timeout_ms,
-    })
-    return Producer(conf)
+    return producer(config, **{"transactional.id": transactional_id, "compression.type": compression,
+                               "transaction.timeout.ms": tx_timeout_ms})
 
 
 TASK_PARTITIONS_MAX = 256
@@ -117,7 +110,7 @@ def find_done(config: Mapping[str, Any], topic: str, spark_partition: int, parti
 def read_settled(config: Mapping[str, Any], topic: str, partition: int, timeout: float) -> list[Any]:
     """The committed records of one partition up to its high watermark at the call: every
     transaction open below it has ended (committed, aborted or timed out) when this returns."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     from stoker.exceptions import KafkaTimeout, StokerError
     from stoker.kafka import end_offsets
@@ -125,8 +118,7 @@ def read_settled(config: Mapping[str, Any], topic: str, partition: int, timeout:
     high = end_offsets(config, topic, committed_only=False)[partition]
     if high == 0:
         return []
-    consumer = Consumer({**config, "group.id": "stoker-find-done", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    consumer = kafka_consumer(config, Role.READER, "stoker-find-done")
     tp, out, deadline = TopicPartition(topic, partition, OFFSET_BEGINNING), [], time.monotonic() + timeout
     try:
         consumer.assign([tp])
@@ -255,7 +247,7 @@ def verify_published(config: Mapping[str, Any], topic: str, summaries: list[Task
     count as the tasks reported. Raises on any loss or duplicate; returns sequences per partition.
     Memory: one byte per sequence."""
     import numpy as np
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     from stoker.exceptions import KafkaTimeout, StokerError
     from stoker.kafka import stable_end_offsets
@@ -263,8 +255,8 @@ def verify_published(config: Mapping[str, Any], topic: str, summaries: list[Task
     ends = stable_end_offsets(config, topic)
     seen = {s.spark_partition: np.zeros(s.sequences, dtype=np.uint8) for s in summaries}
     per_part = dict.fromkeys(ends, 0)
-    consumer = Consumer({**config, "group.id": "stoker-verify", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "fetch.max.bytes": 64 << 20})
+    consumer = kafka_consumer(config, Role.READER, "stoker-verify",
+                              **{"fetch.max.bytes": 64 << 20, "enable.partition.eof": False})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, e in ends.items() if e > 0])
     pending, deadline, stray = {p for p, e in ends.items() if e > 0}, time.monotonic() + timeout, []
     try:

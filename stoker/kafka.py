@@ -12,14 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stoker.exceptions import KafkaTimeout, StokerError
+from stoker.kafka_clients import Role, admin, consumer
 
 TIMEOUT_S = 15.0
-
-
-def admin(config: Mapping[str, Any]):
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient(dict(config))
 
 
 def _wait(futures: Mapping[Any, Any], what: str, timeout: float = TIMEOUT_S) -> dict[Any, Any]:
@@ -281,10 +276,7 @@ def _group_member(config: Mapping[str, Any], group: str, **extra: Any) -> Any:
     ``rd_kafka_admin_coord_request`` frees a request it still refers to: ``rd_kafka_enq_once_del_source_return:
     Assertion eonce->refcnt > 0``, librdkafka issues 4605 and 3663; unfixed in 2.16). Seen here when a
     coordinator was killed under a trainer's checkpoint commit."""
-    from confluent_kafka import Consumer
-
-    return Consumer({**config, "group.id": group, "enable.auto.commit": False, "enable.auto.offset.store": False,
-                     **extra})
+    return consumer(config, Role.GROUP_MEMBER, group, **extra)
 
 
 def _coordinator_moving(err: Any) -> bool:
@@ -358,22 +350,20 @@ def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True,
     """Every message of ``topic`` up to its current end offsets (for checks and tools, not the
     training hot path). With ``committed_only`` a read_committed consumer: aborted records and
     transaction markers are skipped."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     ends = end_offsets(config, topic, committed_only=committed_only)
-    conf = dict(config)
-    conf.update({"group.id": "stoker-read-all", "enable.auto.commit": False, "enable.partition.eof": True,
-                 "isolation.level": "read_committed" if committed_only else "read_uncommitted"})
-    consumer = Consumer(conf)
+    reader = consumer(config, Role.READER, "stoker-read-all",
+                      **{"isolation.level": "read_committed" if committed_only else "read_uncommitted"})
     out: list[Any] = []
     try:
         pending = {p for p, e in ends.items() if e > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
+        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)])
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
                 raise KafkaTimeout(f"reading {topic}: partitions {sorted(pending)} not at their end after {timeout}s")
-            msg = consumer.poll(1.0)
+            msg = reader.poll(1.0)
             if msg is None:
                 continue
             part, offset, err = int(msg.partition() or 0), int(msg.offset() or 0), msg.error()
@@ -387,5 +377,5 @@ def read_all(config: Mapping[str, Any], topic: str, committed_only: bool = True,
             if offset + 1 >= ends[part]:
                 pending.discard(part)
     finally:
-        consumer.close()
+        reader.close()
     return out

@@ -131,8 +131,9 @@ def grant(config: dict[str, Any], home: Path) -> None:
     )
 
     from stoker import kafka as skafka
+    from stoker import kafka_clients
 
-    client = skafka.admin(config)
+    client = kafka_clients.admin(config)
     upsert = UserScramCredentialUpsertion(USER, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
                                           password(home).encode(), secrets.token_bytes(16))
     skafka._wait(client.alter_user_scram_credentials([upsert]), "alter_user_scram_credentials")

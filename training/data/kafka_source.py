@@ -130,13 +130,11 @@ class KafkaTokenSource:
         return sum(self.end[p] - self.offsets[p] for p in self.partitions)
 
     def _open(self) -> None:
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
-        conf = dict(self.kafka_config)
-        conf.update({"group.id": self.group_id, "isolation.level": "read_committed", "auto.offset.reset": "error",
-                     "enable.auto.commit": False, "enable.auto.offset.store": False,
-                     "enable.partition.eof": True, "fetch.wait.max.ms": 50})
-        self._consumer = Consumer(conf)
+        from stoker.kafka_clients import Role, consumer
+
+        self._consumer = consumer(self.kafka_config, Role.TRAINER, self.group_id)
         self._pos = {p: self.offsets[p] for p in self.partitions}
         self._live = {p for p in self.partitions if self.offsets[p] < self.end[p]}
         self._buf = {p: deque() for p in self.partitions}

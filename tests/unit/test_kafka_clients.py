@@ -1,0 +1,47 @@
+"""Kafka clients are made from named settings, and one AdminClient per cluster config is reused: a
+trigger polling for hours, or a 0.2 s wait loop, must not open a connection per call."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from stoker import kafka_clients
+
+pytestmark = pytest.mark.unit
+
+NOWHERE = {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}  # never contacted: clients connect lazily
+
+
+def test_one_admin_client_per_cluster_config_is_reused():
+    first = kafka_clients.admin(NOWHERE)
+    assert kafka_clients.admin(dict(NOWHERE)) is first
+    assert kafka_clients.admin({**NOWHERE, "client.id": "other"}) is not first
+    with_callback = {**NOWHERE, "error_cb": lambda err: None}  # its own client: the callback is the caller's
+    assert kafka_clients.admin(with_callback) is not kafka_clients.admin(with_callback)
+
+
+def test_an_idle_admin_client_is_closed_and_a_forked_child_makes_its_own(monkeypatch):
+    first = kafka_clients.admin(NOWHERE)
+    monkeypatch.setattr(kafka_clients, "ADMIN_IDLE_S", -1.0)
+    assert kafka_clients.admin(NOWHERE) is not first  # idle past the limit: dropped, a new one made
+    monkeypatch.setattr(kafka_clients, "ADMIN_IDLE_S", 120.0)
+    kept = kafka_clients.admin(NOWHERE)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child must not use the parent's librdkafka handle (its threads did not fork)
+        os.write(write, b"1" if kafka_clients.admin(NOWHERE) is not kept else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+
+
+def test_each_kind_of_client_is_spelled_once():
+    reader = kafka_clients.client_config(NOWHERE, kafka_clients.Role.READER, **{"group.id": "g"})
+    assert reader["isolation.level"] == "read_committed" and reader["enable.auto.commit"] is False
+    trainer = kafka_clients.client_config(NOWHERE, kafka_clients.Role.TRAINER)
+    assert trainer["auto.offset.reset"] == "error"  # a position out of range is an error, never a reset
+    publisher = kafka_clients.client_config(NOWHERE, kafka_clients.Role.PUBLISHER, **{"transactional.id": "t"})
+    assert publisher["enable.idempotence"] is True and publisher["acks"] == "all"
+    assert kafka_clients.client_config({**NOWHERE, "acks": "1"}, kafka_clients.Role.PUBLISHER)["acks"] == "all"
