@@ -1,6 +1,7 @@
-"""Checkpoints that hold the data state: model, optimizer and scheduler (DeepSpeed) plus every
-rank's Kafka offsets (client state), then the offsets committed to the training consumer group so
-the lag sensor sees progress.
+"""Checkpoints that hold the data state: model, optimizer and scheduler (DeepSpeed's own) plus one
+named slot per other stateful part of the trainer (as torchtitan's checkpointer keeps ``dataloader``
+and ``train_state``): ``data``, every rank's Kafka offsets; ``progress``, the run's counters. Then
+the offsets are committed to the training consumer group so the lag sensor sees progress.
 
 DeepSpeed saves only rank 0's ``client_state``, so the ranks' source states are gathered first.
 """
@@ -39,18 +40,26 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def save(engine: Any, source: Any, step: int, ckpt_dir: Path, *, kafka_config: dict[str, Any] | None,
-         group_id: str, keep: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+SLOTS = ("data", "progress")
+"""The named slots of a checkpoint's client state; each is the ``state_dict()`` of one stateful part."""
+_SLOTS_KEY = "stoker_slots"
+
+
+def save(engine: Any, step: int, ckpt_dir: Path, *, slots: dict[str, dict[str, Any]],
+         kafka_config: dict[str, Any] | None, group_id: str, keep: int) -> dict[str, Any]:
+    """Save DeepSpeed's state and ``slots`` (``data``: the ranks' merged data state, the same on every
+    rank) as tag ``step``; returns the data slot."""
     import torch.distributed as dist
 
-    states: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(states, source.state_dict())
-    data = merge_states(states)
+    missing = [name for name in SLOTS if name not in slots]
+    if missing:
+        raise ValueError(f"checkpoint slots {missing} missing: a checkpoint holds every one of {list(SLOTS)}")
+    data = slots["data"]
     tag, node_leader = checkpoint_tag(step), int(os.environ.get("LOCAL_RANK", "0")) == 0
     if node_leader:  # a killed life's half-saved tag of this step: never written through, never mixed in
         shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
     dist.barrier()
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"data": data, "step": step, **(extra or {})})
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={_SLOTS_KEY: dict(slots), "step": step})
     dist.barrier()  # every rank's shards are on disk: only now is the tag complete
     if node_leader:  # each node's leader (nodes may share the folder: a temporary file of its own each)
         atomic_write_json(ckpt_dir / tag / CHECKPOINT_COMPLETE, {"step": step, "world": dist.get_world_size()})
@@ -83,11 +92,12 @@ def has_checkpoint(ckpt_dir: Path) -> bool:
     return bool(complete_checkpoints(ckpt_dir))
 
 
-def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dict[str, Any]:
-    """Load the newest complete checkpoint with its optimizer state. Only where DeepSpeed cannot load a
-    ZeRO-partitioned optimizer saved at another world size does the optimizer start fresh (logged); at
-    the same world size a failure is an error, never a silent reset of Adam's moments. A checkpoint
-    written for another publication of the topic (``expect_manifest``) is refused."""
+def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dict[str, dict[str, Any]]:
+    """Load the newest complete checkpoint with its optimizer state; returns its named slots. Only
+    where DeepSpeed cannot load a ZeRO-partitioned optimizer saved at another world size does the
+    optimizer start fresh (logged); at the same world size a failure is an error, never a silent
+    reset of Adam's moments. A checkpoint written for another publication of the topic
+    (``expect_manifest``) is refused."""
     tag = complete_checkpoints(ckpt_dir)[-1]
     saved_world = json.loads((ckpt_dir / tag / CHECKPOINT_COMPLETE).read_text())["world"]
     try:
@@ -102,7 +112,8 @@ def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dic
                                               load_lr_scheduler_states=True)
     if path is None:
         raise StokerError(f"checkpoint {ckpt_dir / tag} is marked complete but DeepSpeed found nothing to load")
-    found = client.get("manifest")
+    slots = client_slots(client, f"{ckpt_dir / tag}")
+    found = slots["progress"].get("manifest")
     if expect_manifest is not None and found is not None and found != expect_manifest:
         raise StokerError(
             f"checkpoint {path} was written for publication {found!r} of the topic, but the manifest is now "
@@ -113,5 +124,26 @@ def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dic
         log.warning("resuming a world-size-%d checkpoint at world size %d: partitions reassigned, each keeps "
                     "its offset", saved_world, engine.world_size)
     log.info("resumed from %s at step %d", path, client["step"])
-    return client
+    return slots
+
+
+def client_slots(client: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The named slots of a loaded client state. A checkpoint of Stoker before slots kept them flat:
+    ``data`` beside the progress counters."""
+    if _SLOTS_KEY not in client:
+        if "data" not in client:
+            raise StokerError(f"checkpoint {where} holds no Stoker state (slots {list(SLOTS)}): it was not written "
+                              "by Stoker's trainer; remove it to train the night from its start")
+        return {"data": client["data"], "progress": {k: v for k, v in client.items() if k != "data"}}
+    slots = dict(client[_SLOTS_KEY])
+    missing = [name for name in SLOTS if name not in slots]
+    if missing:
+        raise StokerError(f"checkpoint {where} lacks slots {missing}: remove the tag to resume from the one before")
+    return slots
+
+
+def restore(slots: dict[str, dict[str, Any]], parts: dict[str, Any]) -> None:
+    """Give each stateful part its own slot (``load_state_dict``)."""
+    for name, part in parts.items():
+        part.load_state_dict(slots[name])
 

@@ -208,9 +208,8 @@ class Trainer:
                 inherit.carry_optimizer(self.engine, self.args.init_from, self.recipe)
             return
         self._phase(f"loading its last checkpoint from {self.files.checkpoints}")
-        client = checkpoint.load(self.engine, self.files.checkpoints, expect_manifest=self.progress.publication)
-        self.source.load_state_dict(client["data"])
-        self.progress.load_state_dict(client)
+        slots = checkpoint.load(self.engine, self.files.checkpoints, expect_manifest=self.progress.publication)
+        checkpoint.restore(slots, {"data": self.source, "progress": self.progress})
         self.saved_step = self.progress.step
 
     def _phase(self, what: str) -> None:
@@ -320,9 +319,10 @@ class Trainer:
     def checkpoint(self) -> None:
         """Model, optimizer, scheduler, every rank's offsets and the progress counters; then the
         offsets are committed to the consumer group (the lag sensor sees progress)."""
-        self.data_state = checkpoint.save(self.engine, self.source, self.progress.step, self.files.checkpoints,
+        slots = {"data": self._data_state(), "progress": self.progress.state_dict()}
+        self.data_state = checkpoint.save(self.engine, self.progress.step, self.files.checkpoints, slots=slots,
                                           kafka_config=self.kafka_config, group_id=self.group_id,
-                                          keep=self.recipe.keep_checkpoints, extra=self.progress.state_dict())
+                                          keep=self.recipe.keep_checkpoints)
         self.saved_step = self.progress.step
 
     def _offsets_moved(self) -> bool:

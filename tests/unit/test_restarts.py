@@ -159,3 +159,31 @@ def test_a_task_that_fails_for_good_stops_its_trainer(tmp_path, event, failure):
     assert [p.wait(timeout=60) for p in procs]  # both ended (by a signal), none left training
     if failure:  # the trainer's own word wins: no relaunch is offered for data that is gone
         assert "partition 0: offset 3 is gone" in str(e.value)
+
+
+def test_a_checkpoint_keeps_each_stateful_part_in_its_named_slot():
+    """``data`` (every rank's offsets) and ``progress`` (the run's counters) each in a slot of their own;
+    a checkpoint written before slots (flat) still resumes; one without Stoker's state is refused."""
+    from stoker.exceptions import StokerError
+    from training.checkpoint import client_slots, restore
+    from training.progress import Progress
+
+    data = {"topic": "t", "next_offsets": {"0": 7}}
+    progress = Progress(publication="p", step=12, sequences=40, tokens=999)
+    slots = client_slots({"stoker_slots": {"data": data, "progress": progress.state_dict()}, "step": 12}, "ck")
+    flat = client_slots({"data": data, **progress.state_dict()}, "old")
+    assert slots["data"] == flat["data"] == data and slots["progress"]["manifest"] == flat["progress"]["manifest"]
+
+    class Source:
+        state: dict = {}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.state = state
+
+    source, resumed = Source(), Progress(publication="p")
+    restore(slots, {"data": source, "progress": resumed})
+    assert source.state == data and (resumed.step, resumed.sequences, resumed.tokens) == (12, 40, 999)
+    with pytest.raises(StokerError, match=r"lacks slots \['progress'\]"):
+        client_slots({"stoker_slots": {"data": data}, "step": 1}, "ck")
+    with pytest.raises(StokerError, match="holds no Stoker state"):
+        client_slots({"step": 1}, "ck")
