@@ -21,8 +21,9 @@ from typing import Any
 
 from stoker import paths, runs
 from stoker.exceptions import StokerError
-from stoker.layout import RunLayout
+from stoker.plan import corpus_of
 from stoker_local import broker as kbroker
+from stoker_local.refresh import refresh
 
 
 def _kafka(args: argparse.Namespace) -> int:
@@ -92,13 +93,13 @@ def backfill_limits(argv: list[str]) -> list[str]:
         return argv
     dag_id = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--dag-id", "-d")), None)
     dag_id = dag_id or next((a.split("=", 1)[1] for a in argv if a.startswith("--dag-id=")), None)
-    if not dag_id or not dag_id.startswith("refresh_"):
+    if not dag_id or corpus_of(dag_id) is None:
         return argv
     from stoker import paths
     from stoker.config import load_all
 
     limit = next((c.schedule.max_active_runs for c in load_all(paths.corpora_dir())
-                  if f"refresh_{c.name}" == dag_id), None)
+                  if c.name == corpus_of(dag_id)), None)
     if limit is None:
         return argv
     print(f"stoker: {dag_id} allows {limit} refresh(es) at a time (schedule.max_active_runs): "
@@ -186,92 +187,6 @@ def _version() -> str:
         return "stoker (not installed: `make setup`)"
 
 
-def _refresh(args: argparse.Namespace) -> int:
-    import time
-
-    from stoker_local.progress import RunWatcher, follow, log_tail
-
-    ds = args.ds or datetime.now(UTC).date().isoformat()
-    run = RunLayout.of(args.corpus, ds)
-    log = run.logs / f"refresh-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
-    since = time.time()
-    kbroker.up()
-    env = refresh_env(log)
-    airflow = [sys.executable, "-m", "airflow"]
-    cmd = [*airflow, "dags", "test", f"refresh_{args.corpus}", ds]
-    try:
-        if args.verbose:
-            rc = subprocess.run(cmd, env=env).returncode
-        else:
-            print(f"refresh_{args.corpus} {ds}: Airflow, Spark and trainer logs in {log.parent}/ (--verbose shows "
-                  "them)")
-            rc = follow(cmd, env, log, RunWatcher(run, since))
-    except KeyboardInterrupt:
-        stopped = stop_trainers(run)
-        give_back_line_lease(args.corpus, ds)
-        print(f"\nrefresh_{args.corpus} {ds} interrupted: Airflow's run and its Spark job stopped"
-              + (f", the trainer stopped ({len(stopped)} process(es))" if stopped else "")
-              + f". What was done stays in {run.run_dir}; `stoker refresh {args.corpus} --ds {ds}` runs the night "
-              "again (a published night is not published twice; training resumes from its last checkpoint).",
-              file=sys.stderr)
-        return 130
-    if rc != 0:
-        if not args.verbose:
-            print(log_tail(log), file=sys.stderr)
-        print(f"refresh_{args.corpus} {ds} failed (exit {rc}); full log: {log}", file=sys.stderr)
-        return rc
-    print()
-    print(runs.render(runs.summary(run.run_dir)))
-    if not args.verbose:
-        print(f"  logs             {log}")
-    return 0
-
-
-def refresh_env(log: Path) -> dict[str, str]:
-    """The stack's metadata database (started if need be), migrated, with the lines' pools and the legacy
-    assets retired; what it did goes to the refresh's log."""
-    from stoker_local import services
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as out:
-        env = services.refresh_env(log=lambda line: print(line, file=out, flush=True))
-        subprocess.run([sys.executable, "-m", "stoker_local.airflow_env", "retire-legacy-assets"], env=env,
-                       check=True, stdout=out, stderr=subprocess.STDOUT)
-    return env
-
-
-def give_back_line_lease(corpus: str, ds: str) -> None:
-    """An interrupted test run leaves its task `running` in the database (no scheduler marks it over): the
-    line's training lease it holds would keep the line's next night waiting, so it is given back here."""
-    from stoker.config import load_corpus
-    from stoker.layout import LineLayout
-    from stoker.lease import give_back_lease, lease_holder
-
-    try:
-        line = LineLayout.of(load_corpus(paths.corpora_dir() / f"{corpus}.yaml").train.line)
-        holder = lease_holder(line)
-    except StokerError:
-        return
-    if holder is not None and (holder.corpus, holder.ds) == (corpus, ds):
-        give_back_lease(line, holder)
-
-
-def stop_trainers(run: RunLayout) -> list[int]:
-    """Stop every trainer of this run on this host: it runs detached from the terminal (its own session,
-    each rank too), so Ctrl-C reaches Airflow and Spark but not it. Its processes carry its folder as tag."""
-    from stoker.layout import TrainerFiles
-    from stoker.process import stop_tagged
-
-    stopped: list[int] = []
-    for folder in sorted(p for p in run.train_dir.glob("*") if p.is_dir()):
-        files = TrainerFiles(folder)
-        pid = files.process.pid()
-        stopped += stop_tagged(str(folder), grace=15)
-        if files.process.stop(grace=15) and pid is not None and pid not in stopped:
-            stopped.append(pid)
-    return stopped
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="stoker", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,8 +225,11 @@ def _add_run_commands(sub: Any) -> None:
     r = sub.add_parser("refresh", help="run one refresh of a corpus through Airflow")
     r.add_argument("corpus")
     r.add_argument("--ds", help="logical date YYYY-MM-DD (default: today, UTC)")
+    r.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
+                   help="a run param for this night only (docs/config.md, Run params), e.g. seq_len=512; checked "
+                        "before anything starts")
     r.add_argument("--verbose", "-v", action="store_true", help="stream Airflow's, Spark's and the trainer's logs")
-    r.set_defaults(fn=_refresh)
+    r.set_defaults(fn=refresh)
     c = sub.add_parser("check", help="check a corpus and night before anything starts: config, recipe, tokenizer, "
                        "model line, source and drop, Kafka (seconds; exit 1 when something must be fixed)")
     c.add_argument("corpus")

@@ -343,13 +343,10 @@ def _prepare_db(env: dict[str, str], log: Any, migrate: bool = True) -> None:
 
 def refresh_env(s: LocalStack | None = None, log: Any = print) -> dict[str, str]:
     """The environment of ``stoker refresh``'s ``airflow dags test``: the stack's metadata database (PostgreSQL,
-    started if need be), so ``make up``'s UI lists ``make run``'s nights and a line's pool holds across both.
-    While the stack's scheduler runs, the night is the scheduler's (a test run beside it could run twice)."""
+    started if need be), so ``make up``'s UI lists ``make run``'s nights and a line's pool holds across both."""
     s = s or default_stack()
-    if _recorded(s, "scheduler") is not None:
-        raise StackError("the local stack is up (`make up`) and its scheduler runs refreshes itself: trigger the "
-                         "night from the UI (Trigger Dag, logical date) or `stoker airflow dags trigger refresh_"
-                         "<corpus> --logical-date <date>`; or `make down` first to run it here")
+    if scheduler_up(s):  # `stoker refresh` hands the night to it (stoker_local/stack_refresh.py)
+        raise StackError("the local stack is up (`make up`): its scheduler runs the nights, not a `dags test`")
     if _pg_up(s):
         _write_started(s, _read_started(s) | {"postgres"})
         log(f"postgres    up on 127.0.0.1:{s.pg_port} (data in {s.pg_data}); `make down` stops it")
@@ -358,6 +355,10 @@ def refresh_env(s: LocalStack | None = None, log: Any = print) -> dict[str, str]
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     _prepare_db(env, log)
     return env
+
+
+def scheduler_up(s: LocalStack | None = None) -> bool:
+    return _recorded(s or default_stack(), "scheduler") is not None
 
 
 def _read_started(s: LocalStack) -> set[str]:

@@ -86,7 +86,7 @@ def test_ctrl_c_in_refresh_stops_the_trainer_it_started(home, monkeypatch, capsy
     import subprocess
 
     from stoker.process import TAG_VAR, start_ticks
-    from stoker_local import cli
+    from stoker_local import refresh as cli
 
     run = RunLayout.of("sample", "2026-12-01")
     files = run.trainer("stoker.sample.20261201.a1")
@@ -115,7 +115,7 @@ def test_ctrl_c_gives_back_the_line_lease_of_the_interrupted_night(home, monkeyp
     import os
 
     from stoker.lease import LeaseHolder, lease_holder, take_lease
-    from stoker_local import cli
+    from stoker_local import refresh as cli
 
     corpora = home / "corpora"
     corpora.mkdir()

@@ -1,0 +1,46 @@
+"""`stoker refresh` while the stack is up: which REST calls start the night (the calls themselves run
+against the real stack in tests/stack/test_operations.py::test_cli_backfill_two_nights_then_rerun_one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stoker_local.stack_refresh import start_night
+
+pytestmark = pytest.mark.unit
+
+
+class Api:
+    """The stack's answers, recorded: a night's runs and the DAG's pause flag."""
+
+    def __init__(self, runs: list[dict[str, Any]], paused: bool = False) -> None:
+        self.runs, self.paused, self.calls = runs, paused, []
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        self.calls.append((method, path, kw.get("json")))
+        if path.endswith("/dagRuns") and method == "GET":
+            return {"dag_runs": self.runs}
+        if path.endswith("/dagRuns"):
+            return {"dag_run_id": "manual__new", **kw["json"]}
+        return {"is_paused": self.paused}
+
+
+def test_a_night_without_a_run_is_triggered_with_its_params_and_a_paused_dag_unpaused():
+    api, said = Api([], paused=True), []
+    assert start_night(api, "refresh_web", "2026-12-03", {"seq_len": 128}, said.append) == "manual__new"
+    assert ("PATCH", "/dags/refresh_web", {"is_paused": False}) in api.calls
+    assert ("POST", "/dags/refresh_web/dagRuns", {"logical_date": "2026-12-03T00:00:00Z",
+                                                   "conf": {"seq_len": 128}}) in api.calls
+    assert "unpaused" in said[0] and "triggered" in said[1]
+
+
+def test_a_running_night_is_followed_and_a_finished_one_cleared_to_run_again():
+    api, said = Api([{"dag_run_id": "scheduled__x", "state": "running"}]), []
+    assert start_night(api, "refresh_web", "2026-12-03", {}, said.append) == "scheduled__x"
+    assert not [c for c in api.calls if c[0] == "POST"] and "following it" in said[-1]
+    api = Api([{"dag_run_id": "backfill__y", "state": "failed", "conf": {}}])
+    assert start_night(api, "refresh_web", "2026-12-03", {"seq_len": 64}, said.append) == "backfill__y"
+    assert ("POST", "/dags/refresh_web/dagRuns/backfill__y/clear", {"dry_run": False}) in api.calls
+    assert "cleared to run again" in said[-1] and "not --param" in said[-1]  # a cleared run keeps its conf
