@@ -110,6 +110,12 @@ class TrainerFiles:
         return self.folder / "secrets.json"
 
     @property
+    def heartbeat(self) -> Path:
+        """Rewritten every few seconds by the launcher's supervising shell (``stoker.process.Heartbeat``):
+        a triggerer on another host tells from it whether the trainer still runs."""
+        return self.folder / "heartbeat.json"
+
+    @property
     def parent(self) -> Path:
         """The model this trainer's night continues (``stoker.lines.Parent``), fixed at its first launch
         so that every retry of the night starts from the same model."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -69,15 +70,17 @@ class ProcessRecord:
     def running(self) -> bool:
         return self.pid() is not None
 
-    def alive(self) -> bool | None:
-        """True or False for a process recorded on this host; None when that cannot be told here (no
-        record, or the record of another host: a triggerer elsewhere must not call a live trainer dead)."""
+    def alive(self, heartbeat: Heartbeat | None = None) -> bool | None:
+        """True or False for a process recorded on this host (its pid); for one of another host, what
+        its ``heartbeat`` says (fresh or stale); None when that cannot be told here (no record, or
+        another host's record without a heartbeat: a triggerer elsewhere must not call a live trainer
+        dead)."""
         try:
             host = json.loads(self.path.read_text()).get("host")
         except (OSError, ValueError, AttributeError):
             return None
         if host is not None and host != socket.gethostname():
-            return None
+            return heartbeat.fresh() if heartbeat is not None else None
         return self.running()
 
     def clear(self) -> None:
@@ -90,6 +93,45 @@ class ProcessRecord:
             stop_tree(pid, sig, grace)
         self.clear()
         return pid is not None
+
+
+HEARTBEAT_S = 5.0
+"""How often a detached process's supervising shell writes its heartbeat."""
+HEARTBEAT_STALE_S = 2 * HEARTBEAT_S
+"""A heartbeat older than this is a dead process (its host lost, its whole session killed). The hosts'
+clocks must agree to a second or so (NTP), as they must for Kafka's and Spark's timeouts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A file the supervising shell of a detached process rewrites every ``HEARTBEAT_S`` while that
+    shell lives (``{"host", "pid", "beat", "at"}``), where every host can read it (the shared run
+    folder): liveness that crosses hosts, where a pid means nothing."""
+
+    path: Path
+
+    def shell_loop(self, period: float = HEARTBEAT_S) -> str:
+        """Bash for the supervising shell: a background loop that ends with the shell (``$$``)."""
+        tmp, path = shlex.quote(str(self.path) + ".tmp"), shlex.quote(str(self.path))
+        return (f"( n=0; while kill -0 $$ 2>/dev/null; do n=$((n+1)); "
+                f"printf '{{\"host\": \"%s\", \"pid\": %d, \"beat\": %d, \"at\": %s}}\\n' \"$HOSTNAME\" "
+                f"$$ $n \"$(date +%s.%N)\" > {tmp} && mv -f {tmp} {path}; sleep {period:g}; done ) &")
+
+    def read(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and "at" in data else None
+
+    def age(self, now: float | None = None) -> float | None:
+        """Seconds since the last beat (None: no heartbeat yet)."""
+        data = self.read()
+        return None if data is None else (time.time() if now is None else now) - float(data["at"])
+
+    def fresh(self, now: float | None = None, stale_after: float | None = None) -> bool | None:
+        age = self.age(now)
+        return None if age is None else age <= (HEARTBEAT_STALE_S if stale_after is None else stale_after)
 
 
 TAG_VAR = "STOKER_PROCESS_TAG"

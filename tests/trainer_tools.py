@@ -3,6 +3,7 @@ against a real broker (tests/integration/test_train.py) or hurt one (tests/fault
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -126,7 +127,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
     tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     for p in tree:
-        p.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # a short-lived child that already ended
+            p.kill()
     psutil.wait_procs(tree, timeout=30)
     proc.wait()
 

@@ -24,7 +24,7 @@ from stoker import paths
 from stoker.config import NODE_SHELL
 from stoker.layout import TrainerFiles
 from stoker.manifest import Manifest
-from stoker.process import TAG_VAR, stop_tagged
+from stoker.process import HEARTBEAT_S, TAG_VAR, Heartbeat, stop_tagged
 
 log = logging.getLogger("stoker.launcher")
 
@@ -64,14 +64,17 @@ REMOTE_ENV = "env HF_HUB_OFFLINE=1"
 """Set on another node's launcher (the Kafka client config reaches it as a 0600 file: ``--secrets-file``)."""
 
 
-def supervise(cmds: list[list[str]], rc_file: Path) -> str:
+def supervise(cmds: list[list[str]], rc_file: Path, heartbeat: Path | None = None,
+              heartbeat_s: float = HEARTBEAT_S) -> str:
     """A bash script that runs the launchers, stops the others when one fails, and writes the first
-    non-zero exit code (else 0) to ``rc_file``."""
+    non-zero exit code (else 0) to ``rc_file``; meanwhile it beats ``heartbeat`` (a triggerer on
+    another host judges the trainer by it)."""
     rc = shlex.quote(str(rc_file))
+    beat = Heartbeat(heartbeat).shell_loop(heartbeat_s) + " " if heartbeat is not None else ""
     if len(cmds) == 1:
-        return f"{shlex.join(cmds[0])}; echo $? > {rc}"
+        return f"{beat}{shlex.join(cmds[0])}; echo $? > {rc}"
     start = " ".join(f"{shlex.join(c)} & pids+=($!);" for c in cmds)
-    return (f"pids=(); {start} rc=0; "
+    return (f"{beat}pids=(); {start} rc=0; "
             "while [ ${#pids[@]} -gt 0 ]; do "
             "for i in ${!pids[@]}; do p=${pids[$i]}; kill -0 $p 2>/dev/null && continue; "
             "wait $p; r=$?; unset 'pids[i]'; "
@@ -87,8 +90,10 @@ class TrainerLauncher:
         return self.files.process.pid()
 
     def running(self) -> bool:
-        """The launcher (and so its ranks' session) still runs and has not recorded an exit code."""
-        return self.files.exit_code() is None and self.files.process.running()
+        """The launcher (and so its ranks' session) still runs and has not recorded an exit code: its pid
+        on this host, its heartbeat when it runs on another (a retry there follows it, never starts a
+        second trainer on the same checkpoints)."""
+        return self.files.exit_code() is None and bool(self.files.process.alive(Heartbeat(self.files.heartbeat)))
 
     def adopt_or_reset(self, manifest: Manifest) -> None:
         """Trainer state of another publication of the topic (a re-run date recreates the topic under
@@ -179,8 +184,9 @@ class TrainerLauncher:
                     **env}
         # the shell records the launchers' exit code; it runs in a session of its own (the process
         # record's group), so stopping it stops every launcher and every rank
-        proc = f.process.spawn(["/bin/bash", "-c", supervise(cmds, f.rc), str(f.folder)], log=f.log, env=full_env,
-                               cwd=paths.project_root())
+        f.heartbeat.unlink(missing_ok=True)  # an earlier life's beats are not this one's
+        proc = f.process.spawn(["/bin/bash", "-c", supervise(cmds, f.rc, f.heartbeat), str(f.folder)], log=f.log,
+                               env=full_env, cwd=paths.project_root())
         return proc.pid
 
     def log_tail(self, n: int = 40) -> str:

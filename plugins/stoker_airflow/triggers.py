@@ -107,7 +107,10 @@ def trainer_exit(rc_file: str | None) -> int | None:
     while it runs (or when no trainer is followed, or its liveness cannot be told on this host)."""
     if rc_file is None:
         return None
-    alive = TrainerFiles(Path(rc_file).parent).process.alive()  # first: the shell writes rc, then exits
+    from stoker.process import Heartbeat
+
+    files = TrainerFiles(Path(rc_file).parent)
+    alive = files.process.alive(Heartbeat(files.heartbeat))  # first: the shell writes rc, then exits
     try:
         return int(Path(rc_file).read_text().strip())
     except (OSError, ValueError):

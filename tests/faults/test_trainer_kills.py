@@ -5,6 +5,7 @@ Counted by Kafka's own ConsoleConsumer (read_committed) against the trainer's ke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -68,7 +69,8 @@ class _Killer:
             if steps and max(steps) >= KILL_AT_STEP and pid:
                 tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
                 for p in tree:  # the shell, the launcher and every rank: nobody writes an exit code
-                    p.kill()
+                    with contextlib.suppress(psutil.NoSuchProcess):  # the heartbeat's short-lived sleep/date
+                        p.kill()
                 psutil.wait_procs(tree, timeout=30)
                 self.killed = [p.pid for p in tree]
                 return
