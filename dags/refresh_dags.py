@@ -102,7 +102,7 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
             task_id="train", manifest_path=str(run.manifest), recipe=cfg.train.recipe,
             world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic], poll_interval=5,
             timeout_s=cfg.train.timeout_s, log_keys=cfg.train.log_keys, retries=cfg.train.max_restarts,
-            pool=line_pool(cfg.train.line), nodes=cfg.train.nodes,
+            pool=line_pool(cfg.train.line), queue=cfg.train.queue, nodes=cfg.train.nodes,
             launcher=cfg.train.launcher, node_shell=cfg.train.node_shell,
             retry_delay=timedelta(seconds=cfg.train.restart_delay_s), retry_exponential_backoff=False,
             doc_md=("Launches the trainer detached (torchrun) and follows it, deferred, until it has consumed "

@@ -252,6 +252,9 @@ class TrainConfig:
     """Hosts the ranks run on (none: this machine). Several: one ``torchrun`` per node joining a c10d
     rendezvous on the first (``launcher: deepspeed``: one launcher with a hostfile); each node runs
     ``world_size / len(nodes)`` ranks and must see the project and the run folder at the same paths."""
+    queue: str = "gpu"
+    """The executor queue the train task runs on (CeleryExecutor: a worker started with ``--queues gpu`` on a
+    GPU host; every other task runs on Airflow's default queue). The LocalExecutor ignores it."""
     launcher: str = "torchrun"
     """``torchrun`` or ``deepspeed`` (DeepSpeed's launcher; over several nodes it uses pdsh/ssh itself)."""
     node_shell: str = NODE_SHELL
@@ -289,6 +292,8 @@ class TrainConfig:
         if self.nodes and self.world_size % len(self.nodes):
             raise _fail("train.world_size", self.world_size, f"must be a multiple of len(train.nodes) "
                         f"({len(self.nodes)}): every node runs the same number of ranks")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.queue):
+            raise _fail("train.queue", self.queue, "must be a queue name ([A-Za-z0-9_.-], e.g. 'gpu')")
         if self.launcher not in ("torchrun", "deepspeed"):
             raise _fail("train.launcher", self.launcher, "must be 'torchrun' or 'deepspeed'")
         if "{host}" not in self.node_shell:

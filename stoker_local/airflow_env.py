@@ -66,26 +66,5 @@ def retire_legacy_assets() -> int:
                    .delete(synchronize_session=False))
 
 
-def sync_line_pools() -> list[str]:
-    """One Airflow pool of one slot per model line of the corpora (``stoker_line_<line>``), counting
-    deferred tasks: the train task waits deferred for hours and must hold its line's slot meanwhile.
-    Without its pool, the scheduler never runs a line's train task."""
-    from airflow.models.pool import Pool
-    from airflow.utils.session import create_session
-
-    from stoker.config import load_each
-    from stoker.layout import line_pool
-
-    configs, _ = load_each(paths.corpora_dir())
-    lines = sorted({c.train.line for c in configs})
-    with create_session() as s:
-        for line in lines:
-            Pool.create_or_update_pool(line_pool(line), 1, f"model line {line}: one night trains at a time", True,
-                                       session=s)
-    return [line_pool(line) for line in lines]
-
-
 if __name__ == "__main__" and sys.argv[1:] == ["retire-legacy-assets"]:
     print(f"retired {retire_legacy_assets()} legacy asset(s)")
-if __name__ == "__main__" and sys.argv[1:] == ["sync-line-pools"]:
-    print("pools: " + ", ".join(sync_line_pools()))

@@ -334,7 +334,7 @@ def _prepare_db(env: dict[str, str], log: Any, migrate: bool = True) -> None:
         if res.returncode != 0:
             raise StackError(f"airflow db migrate failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
         log("airflow     metadata database migrated")
-    res = subprocess.run([sys.executable, "-m", "stoker_local.airflow_env", "sync-line-pools"], env=env,
+    res = subprocess.run([sys.executable, "-m", "stoker_airflow.pools"], env=env,
                          capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         raise StackError(f"creating the model lines' pools failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")

@@ -22,6 +22,8 @@ ENV = {"STOKER_JWT_SECRET": "j" * 32, "STOKER_API_SECRET_KEY": "k" * 32}  # what
 AIRFLOW_COMPONENTS = ["airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"]
 KAFKA = ["kafka-1", "kafka-2", "kafka-3"]
 SECURE = ["kafka-secure-setup", "kafka-secure", "kafka-secure-users"]
+WORKERS = ["airflow-worker", "airflow-worker-gpu"]
+CELERY = ["redis", *WORKERS]
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
@@ -62,10 +64,11 @@ def test_the_secrets_must_be_given():
 def test_the_services(compose):
     services = compose["services"]
     assert {"postgres", *KAFKA, "spark-master", "spark-worker", "seaweedfs", "airflow-init",
-            *AIRFLOW_COMPONENTS, *SECURE} == set(services)
-    # the SASL_SSL node and its setup are opt-in: `docker compose up` alone starts none of them
-    assert {n for n, svc in services.items() if svc.get("profiles")} == set(SECURE)
+            *AIRFLOW_COMPONENTS, *SECURE, *CELERY} == set(services)
+    # the SASL_SSL node and the Celery workers are opt-in: `docker compose up` alone starts none of them
+    assert {n for n, svc in services.items() if svc.get("profiles")} == {*SECURE, *CELERY}
     assert all(services[n]["profiles"] == ["secure"] for n in SECURE)
+    assert all(services[n]["profiles"] == ["celery"] for n in CELERY)
     for name, svc in services.items():
         image = svc["image"]
         if image == "stoker:dev":
@@ -106,6 +109,11 @@ def test_airflow_commands_are_real_cli_commands(compose):
         assert callable(args.func)
     init = compose["services"]["airflow-init"]["command"]
     assert "airflow db migrate" in init[-1] and "stoker_local.cli sample-corpus" in init[-1]
+    # the model lines' pools, by the Airflow package's own module (a cluster installs no local stack)
+    assert init[-1].index("airflow db migrate") < init[-1].index("python -m stoker_airflow.pools")
+    from stoker_airflow.pools import sync_line_pools
+
+    assert callable(sync_line_pools)
     from stoker_local.cli import build_parser
 
     build_parser().parse_args(["sample-corpus"])
@@ -115,7 +123,7 @@ def test_airflow_settings_are_real_options(compose):
     from airflow.configuration import conf
 
     documented = conf.configuration_description  # every option Airflow and its providers document
-    for name in [*AIRFLOW_COMPONENTS, "airflow-init"]:
+    for name in [*AIRFLOW_COMPONENTS, "airflow-init", *WORKERS]:
         for key in env_of(compose["services"][name]):
             m = re.fullmatch(r"AIRFLOW__([A-Z_]+?)__([A-Z_]+)", key)
             if m:
@@ -124,9 +132,10 @@ def test_airflow_settings_are_real_options(compose):
 
 
 def test_every_component_shares_the_metadata_db_and_the_api(compose):
-    envs = [env_of(compose["services"][n]) for n in [*AIRFLOW_COMPONENTS, "airflow-init"]]
+    envs = [env_of(compose["services"][n]) for n in [*AIRFLOW_COMPONENTS, "airflow-init", *WORKERS]]
     for key in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__API_AUTH__JWT_SECRET",
-                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL", "AIRFLOW_CONN_KAFKA_DEFAULT"):
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL", "AIRFLOW_CONN_KAFKA_DEFAULT", "AIRFLOW__CORE__EXECUTOR",
+                "AIRFLOW__CELERY__BROKER_URL", "AIRFLOW__CELERY__RESULT_BACKEND"):
         assert len({e[key] for e in envs}) == 1, key
     env = envs[0]
     pg = env_of(compose["services"]["postgres"])
@@ -248,7 +257,7 @@ def test_volumes_mount_the_repo_and_share_the_state(compose):
             else:
                 assert src in declared, f"{name}: volume {src} is not declared"
             mounts[name][src] = dst
-    for name in [*AIRFLOW_COMPONENTS, "airflow-init", "spark-master", "spark-worker"]:
+    for name in [*AIRFLOW_COMPONENTS, "airflow-init", "spark-master", "spark-worker", *WORKERS]:
         assert mounts[name]["."] == MOUNT, name
         # the Spark driver (in the scheduler) and executors (worker) see the same files at the same path
         assert mounts[name]["stoker-state"] == env_of(compose["services"]["airflow-scheduler"])["STOKER_HOME"]
@@ -280,3 +289,42 @@ def test_the_fault_suite_finds_coordinators_as_kafka_hashes_their_keys():
     # values printed by Java 17's String.hashCode()
     assert _java_hash("stoker:stoker.cluster.20261201.a2:p0") == -1722328889
     assert _java_hash("stoker-train.stoker.sample.20261201.a1") == -2014183887
+
+
+def test_the_celery_profile_runs_train_on_a_gpu_worker_and_the_rest_on_the_default_one():
+    """`STOKER_EXECUTOR=CeleryExecutor docker compose --profile celery up`: every component runs the
+    CeleryExecutor with Redis as its broker and PostgreSQL as its result backend; the workers' commands are
+    ones Airflow's CLI accepts under that executor (the celery commands exist only then), the gpu worker
+    takes the corpora's train.queue one task at a time, the default worker Airflow's default queue."""
+    import os
+    import subprocess
+    import sys
+
+    from stoker.config import load_all
+
+    compose = yaml.safe_load(interpolate((REPO / "docker-compose.yaml").read_text(),
+                                         {**ENV, "STOKER_EXECUTOR": "CeleryExecutor"}))
+    services = compose["services"]
+    env = env_of(services["airflow-worker"])
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://redis:6379/0" and "healthcheck" in services["redis"]
+    pg = env_of(services["postgres"])
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == (
+        f"db+postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}")
+    commands = [services[w]["command"] for w in WORKERS]
+    check = ("import json, sys; from airflow.cli.cli_parser import get_parser; p = get_parser(); "
+             "[p.parse_args(c[1:]) for c in json.loads(sys.argv[1])]")
+    out = subprocess.run([sys.executable, "-c", check, json.dumps(commands)], capture_output=True, text=True,
+                         env={**os.environ, "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    queues = {w: c[c.index("--queues") + 1] for w, c in zip(WORKERS, commands, strict=True)}
+    corpora = REPO / env["STOKER_CORPORA"].removeprefix(MOUNT + "/")
+    assert queues["airflow-worker-gpu"] == "gpu" and {c.train.queue for c in load_all(corpora)} == {"gpu"}
+    gpu = services["airflow-worker-gpu"]["command"]
+    assert gpu[gpu.index("--concurrency") + 1] == "1"  # one trainer per GPU worker
+    from airflow.configuration import conf
+
+    assert queues["airflow-worker"] == conf.get("operators", "default_queue") == "default"
+    # the Spark driver runs on the default worker: executors reach it by that service's name
+    assert env["SPARK_LOCAL_HOSTNAME"] == "airflow-worker" == services["airflow-worker"]["hostname"]
+

@@ -211,6 +211,8 @@ def test_the_train_task_holds_its_lines_pool():
 
     train = m.refresh_sample.get_task("training.train")
     assert train.pool == "stoker_line_sample"
+    # CeleryExecutor: the trainer goes to a GPU worker, the Spark driver and the sensors to the default queue
+    assert train.queue == "gpu" and m.refresh_sample.get_task("publish.tokenize_publish").queue == "default"
     assert train.line is None  # the line's settings come from the run plan (tests/unit/test_run_plan.py)
 
 
