@@ -111,11 +111,14 @@ class Heartbeat:
     path: Path
 
     def shell_loop(self, period: float = HEARTBEAT_S) -> str:
-        """Bash for the supervising shell: a background loop that ends with the shell (``$$``)."""
+        """Bash for the supervising shell: a background loop (its pid in ``$hb``) that the shell stops
+        with :data:`STOP_HEARTBEAT` before it exits, and that ends by itself if the shell (``$$``) is gone;
+        TERM stops its sleep too, so nothing of it outlives the shell."""
         tmp, path = shlex.quote(str(self.path) + ".tmp"), shlex.quote(str(self.path))
-        return (f"( n=0; while kill -0 $$ 2>/dev/null; do n=$((n+1)); "
+        return (f"( trap 'kill $s 2>/dev/null; exit 0' TERM; n=0; while kill -0 $$ 2>/dev/null; do n=$((n+1)); "
                 f"printf '{{\"host\": \"%s\", \"pid\": %d, \"beat\": %d, \"at\": %s}}\\n' \"$HOSTNAME\" "
-                f"$$ $n \"$(date +%s.%N)\" > {tmp} && mv -f {tmp} {path}; sleep {period:g}; done ) &")
+                f"$$ $n \"$(date +%s.%N)\" > {tmp} && mv -f {tmp} {path}; sleep {period:g} & s=$!; wait $s; "
+                "done ) & hb=$!;")
 
     def read(self) -> dict[str, Any] | None:
         try:
@@ -133,6 +136,9 @@ class Heartbeat:
         age = self.age(now)
         return None if age is None else age <= (HEARTBEAT_STALE_S if stale_after is None else stale_after)
 
+
+STOP_HEARTBEAT = "kill $hb 2>/dev/null; wait $hb 2>/dev/null; "
+"""Bash: stop the loop of :meth:`Heartbeat.shell_loop` (before the shell writes its exit code)."""
 
 TAG_VAR = "STOKER_PROCESS_TAG"
 """An environment entry a launcher sets for a process tree it starts (the trainer: its folder). Every

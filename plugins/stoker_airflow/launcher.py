@@ -24,7 +24,7 @@ from stoker import paths
 from stoker.config import NODE_SHELL
 from stoker.layout import TrainerFiles
 from stoker.manifest import Manifest
-from stoker.process import HEARTBEAT_S, TAG_VAR, Heartbeat, stop_tagged
+from stoker.process import HEARTBEAT_S, STOP_HEARTBEAT, TAG_VAR, Heartbeat, stop_tagged
 
 log = logging.getLogger("stoker.launcher")
 
@@ -71,15 +71,16 @@ def supervise(cmds: list[list[str]], rc_file: Path, heartbeat: Path | None = Non
     another host judges the trainer by it)."""
     rc = shlex.quote(str(rc_file))
     beat = Heartbeat(heartbeat).shell_loop(heartbeat_s) + " " if heartbeat is not None else ""
+    stop = STOP_HEARTBEAT if heartbeat is not None else ""
     if len(cmds) == 1:
-        return f"{beat}{shlex.join(cmds[0])}; echo $? > {rc}"
+        return f"{beat}{shlex.join(cmds[0])}; rc=$?; {stop}echo $rc > {rc}"
     start = " ".join(f"{shlex.join(c)} & pids+=($!);" for c in cmds)
     return (f"{beat}pids=(); {start} rc=0; "
             "while [ ${#pids[@]} -gt 0 ]; do "
             "for i in ${!pids[@]}; do p=${pids[$i]}; kill -0 $p 2>/dev/null && continue; "
             "wait $p; r=$?; unset 'pids[i]'; "
             "if [ $r -ne 0 ] && [ $rc -eq 0 ]; then rc=$r; kill ${pids[@]} 2>/dev/null; fi; done; "
-            f"[ ${{#pids[@]}} -gt 0 ] && sleep 0.5; done; echo $rc > {rc}")
+            f"[ ${{#pids[@]}} -gt 0 ] && sleep 0.5; done; {stop}echo $rc > {rc}")
 
 
 class TrainerLauncher:

@@ -57,7 +57,8 @@ def _lose_a_node(files, killed: list[int]) -> None:
         steps = [r["step"] for r in read_log(files.metrics)]
         pid = files.process.pid()
         if steps and max(steps) >= KILL_AT_STEP and pid:
-            launchers = [p for p in psutil.Process(pid).children() if "torch.distributed.run" in " ".join(p.cmdline())]
+            # an argument of the launcher (the heartbeat's subshell carries the script's text, not the argument)
+            launchers = [p for p in psutil.Process(pid).children() if "torch.distributed.run" in p.cmdline()]
             if len(launchers) == 2:
                 node = launchers[1]
                 tree = [node, *node.children(recursive=True)]

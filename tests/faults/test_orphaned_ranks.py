@@ -49,7 +49,8 @@ def test_ranks_orphaned_by_a_killed_launcher_are_stopped_before_the_relaunch(kaf
     shell = psutil.Process(launcher.pid())
     await_step(launcher.files.folder, 10, SimpleNamespace(poll=lambda: None if shell.is_running() else -1,
                                                          returncode=None))  # past the checkpoint at step 8
-    torchrun = next(p for p in shell.children() if "torch.distributed.run" in " ".join(p.cmdline()))
+    torchrun = next(p for p in shell.children() if "torch.distributed.run" in p.cmdline())  # an argument, not the
+    # shell script's text, which the heartbeat's subshell carries too
     ranks = [p for p in torchrun.children(recursive=True) if "training.train" in " ".join(p.cmdline())]
     assert len(ranks) == 2
     torchrun.kill()

@@ -69,11 +69,18 @@ def test_the_heartbeat_ends_with_its_shell_and_an_exit_code_wins(tmp_path):
 
     files = TrainerFiles(tmp_path / "t")
     files.folder.mkdir()
-    script = supervise([["bash", "-c", "sleep 0.5; exit 3"]], files.rc, files.heartbeat, heartbeat_s=0.1)
-    subprocess.run(["/bin/bash", "-c", script], check=True, timeout=30)
-    assert trainer_exit(str(files.rc)) == 3
-    time.sleep(0.3)  # the loop noticed its shell is gone
+    script = supervise([["bash", "-c", "sleep 0.5; exit 3"]], files.rc, files.heartbeat, heartbeat_s=2)
+    shell = subprocess.Popen(["/bin/bash", "-c", script], start_new_session=True)
+    assert shell.wait(timeout=30) == 0 and trainer_exit(str(files.rc)) == 3
+    with pytest.raises(ProcessLookupError):  # nothing of the heartbeat outlives the shell (not even its sleep)
+        os.killpg(shell.pid, 0)
     last = Heartbeat(files.heartbeat).read()["beat"]
     time.sleep(0.4)
     assert Heartbeat(files.heartbeat).read()["beat"] == last
     assert not list(Path(files.folder).glob("*.tmp"))
+    for cmds in ([["true"]], [["true"], ["true"]]):  # one launcher or several: the shell stops its heartbeat
+        script = supervise(cmds, files.rc, files.heartbeat, heartbeat_s=2)
+        shell = subprocess.Popen(["/bin/bash", "-c", script], start_new_session=True)
+        assert shell.wait(timeout=30) == 0 and trainer_exit(str(files.rc)) == 0
+        with pytest.raises(ProcessLookupError):
+            os.killpg(shell.pid, 0)
