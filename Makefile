@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: versions help setup check-tools stack-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench soak up down clean
+.PHONY: versions help setup check-tools stack-deps hosts-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench soak up down clean
 
 help:
 	@echo "make run    set up, start Kafka and PostgreSQL (Airflow's database, shared with make up), run refresh_sample end to end, print the run summary"
@@ -56,8 +56,8 @@ check-tools:
 	@command -v mvn >/dev/null || { echo "setup: mvn not found: install Maven (Debian: apt-get install maven)"; exit 1; }
 	@command -v $(PY) >/dev/null || { echo "setup: $(PY) not found: install Python 3.11"; exit 1; }
 
-# Debian packages the stack needs: PostgreSQL (Airflow's metadata DB for `make up`) and, for the
-# browser test, Chromium (driven by Playwright through executable_path; no browser is ever downloaded).
+# Debian packages the stack needs: PostgreSQL (Airflow's metadata DB for `make up`), Redis for the
+# multi-host test and, for the browser test, Chromium (driven by Playwright through executable_path; no browser is ever downloaded).
 # Installed with apt-get when run as root; otherwise a clear message says what to install.
 APT_INSTALL = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "setup: installing $(1) with apt-get"; \
@@ -67,6 +67,12 @@ APT_INSTALL = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 
 stack-deps:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { $(call APT_INSTALL,postgresql,PostgreSQL's initdb); }
+
+# The multi-host test (tests/distributed): Redis as the CeleryExecutor's broker; unshare(1) (util-linux)
+# makes each simulated host's namespaces.
+hosts-deps:
+	@command -v redis-server >/dev/null || { $(call APT_INSTALL,redis-server,redis-server); }
+	@command -v unshare >/dev/null || { $(call APT_INSTALL,util-linux,unshare); }
 
 browser-deps:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ -n "$$STOKER_CHROMIUM" ] || { $(call APT_INSTALL,chromium,chromium); }
@@ -117,7 +123,7 @@ $(STATE)/data/sample/_SUCCESS: stoker_local/sample.py | venv
 run: setup stack-deps
 	$(BIN)/stoker refresh sample --ds $${DS:-$$(date -u +%F)}
 
-test: setup stack-deps browser-deps test-servers
+test: setup stack-deps hosts-deps browser-deps test-servers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: setup

@@ -59,11 +59,14 @@ class ProcessRecord:
         os.replace(tmp, self.path)
 
     def pid(self) -> int | None:
-        """The recorded pid, if that very process still runs."""
+        """The recorded pid, if that very process still runs on this host (another host's pid means
+        nothing here: the same number may be a live process of this host, even with the same start time)."""
         try:
             rec = json.loads(self.path.read_text())
-            pid, start = int(rec["pid"]), rec.get("start")
+            pid, start, host = int(rec["pid"]), rec.get("start"), rec.get("host")
         except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if host is not None and host != socket.gethostname():
             return None
         return pid if start is not None and start_ticks(pid) == start else None
 
@@ -97,9 +100,10 @@ class ProcessRecord:
 
 HEARTBEAT_S = 5.0
 """How often a detached process's supervising shell writes its heartbeat."""
-HEARTBEAT_STALE_S = 2 * HEARTBEAT_S
-"""A heartbeat older than this is a dead process (its host lost, its whole session killed). The hosts'
-clocks must agree to a second or so (NTP), as they must for Kafka's and Spark's timeouts."""
+HEARTBEAT_STALE_S = 1.5 * HEARTBEAT_S
+"""A heartbeat older than this is a dead process (its host lost, its whole session killed): one beat
+missed by half a period, so a watcher that looks every 2 s calls it dead within two periods of its death.
+The hosts' clocks must agree to a second or so (NTP), as they must for Kafka's and Spark's timeouts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +119,8 @@ class Heartbeat:
         with :data:`STOP_HEARTBEAT` before it exits, and that ends by itself if the shell (``$$``) is gone;
         TERM stops its sleep too, so nothing of it outlives the shell."""
         tmp, path = shlex.quote(str(self.path) + ".tmp"), shlex.quote(str(self.path))
-        return (f"( trap 'kill $s 2>/dev/null; exit 0' TERM; n=0; while kill -0 $$ 2>/dev/null; do n=$((n+1)); "
+        return ("( trap 'kill $s 2>/dev/null; wait $s 2>/dev/null; exit 0' TERM; "
+                f"n=0; while kill -0 $$ 2>/dev/null; do n=$((n+1)); "
                 f"printf '{{\"host\": \"%s\", \"pid\": %d, \"beat\": %d, \"at\": %s}}\\n' \"$HOSTNAME\" "
                 f"$$ $n \"$(date +%s.%N)\" > {tmp} && mv -f {tmp} {path}; sleep {period:g} & s=$!; wait $s; "
                 "done ) & hb=$!;")

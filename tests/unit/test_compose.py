@@ -309,8 +309,12 @@ def test_the_celery_profile_runs_train_on_a_gpu_worker_and_the_rest_on_the_defau
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://redis:6379/0" and "healthcheck" in services["redis"]
     pg = env_of(services["postgres"])
-    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == (
-        f"db+postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}")
+    backend = env["AIRFLOW__CELERY__RESULT_BACKEND"]
+    assert backend == (f"db+postgresql+psycopg2://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/"
+                       f"{pg['POSTGRES_DB']}")
+    import sqlalchemy
+
+    sqlalchemy.create_engine(backend.removeprefix("db+"))  # its driver is installed (no connection is made)
     commands = [services[w]["command"] for w in WORKERS]
     check = ("import json, sys; from airflow.cli.cli_parser import get_parser; p = get_parser(); "
              "[p.parse_args(c[1:]) for c in json.loads(sys.argv[1])]")

@@ -84,3 +84,23 @@ def test_the_heartbeat_ends_with_its_shell_and_an_exit_code_wins(tmp_path):
         assert shell.wait(timeout=30) == 0 and trainer_exit(str(files.rc)) == 0
         with pytest.raises(ProcessLookupError):
             os.killpg(shell.pid, 0)
+
+
+def test_another_hosts_pid_is_never_taken_for_a_process_of_this_host(tmp_path):
+    """A retry on another gpu worker reads the lost host's record: its pid there may be a live process
+    here (PID namespaces number from 1; hosts booted alike share start times). Nothing of this host is
+    followed or stopped for it."""
+    files = TrainerFiles(tmp_path / "t")
+    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        files.process.write(sleeper.pid)
+        assert files.process.pid() == sleeper.pid  # this host's: followed
+        _as_if_on_another_host(files)
+        rec = json.loads(files.process.path.read_text())
+        rec.update(pid=sleeper.pid, start=process.start_ticks(sleeper.pid))
+        files.process.path.write_text(json.dumps(rec))
+        assert files.process.pid() is None and not files.process.stop(grace=1)
+        assert sleeper.poll() is None  # not stopped: it was never the recorded process
+    finally:
+        sleeper.kill()
+        sleeper.wait()
