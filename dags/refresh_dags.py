@@ -55,7 +55,7 @@ def _params(cfg: CorpusConfig) -> dict[str, Param]:
     them to the corpus config and validates the whole (its run plan)."""
     out = {}
     for p in RUN_PARAMS:
-        limits = {"minimum": p.bounds[0], "maximum": p.bounds[1]} if p.bounds else {}
+        limits: dict[str, Any] = {"minimum": p.bounds[0], "maximum": p.bounds[1]} if p.bounds else {}
         if p.kind == "string":
             limits["minLength"] = 1
         out[p.name] = Param(p.default(cfg), type=p.kind, title=p.title, description=p.description,
