@@ -96,6 +96,16 @@ class TrainerLauncher:
         second trainer on the same checkpoints)."""
         return self.files.exit_code() is None and bool(self.files.process.alive(Heartbeat(self.files.heartbeat)))
 
+    def where(self) -> str:
+        """Where the followed trainer runs, in words: its pid on this host, else its host and heartbeat."""
+        pid = self.pid()
+        if pid is not None:
+            return f"pid {pid}"
+        beat = Heartbeat(self.files.heartbeat)
+        data, age = beat.read() or {}, beat.age()
+        return (f"on host {data.get('host', '?')}, pid {data.get('pid', '?')} there, last heartbeat "
+                f"{age:.1f} s ago" if age is not None else "no pid on this host and no heartbeat")
+
     def adopt_or_reset(self, manifest: Manifest) -> None:
         """Trainer state of another publication of the topic (a re-run date recreates the topic under
         the same name) is garbage: its offsets mean nothing in the new data. Stop and remove it."""

@@ -315,7 +315,7 @@ class DeepSpeedTrainOperator(BaseOperator):
         launcher.adopt_or_reset(m)
         placement = self._placement()
         if launcher.running():
-            self.log.info("trainer already running (pid %s): following it", launcher.pid())
+            self.log.info("trainer already running (%s): following it", launcher.where())
         else:
             launcher.stop(placement)  # what an earlier try left: ranks orphaned by a killed launcher, remote ranks
             launcher.files.failure.unlink(missing_ok=True)

@@ -56,6 +56,7 @@ def test_a_trainer_on_a_lost_host_is_called_lost_and_a_live_one_followed(tmp_pat
     _as_if_on_another_host(files)  # the triggerer's host sees neither the pid nor the process
     assert files.process.alive() is None  # without a heartbeat: cannot be told (never called dead)
     assert trainer_exit(str(files.rc)) is None and TrainerLauncher(files).running()  # followed, not relaunched
+    assert f"on host {os.uname().nodename}, pid {proc.pid} there, last heartbeat" in TrainerLauncher(files).where()
     os.killpg(proc.pid, signal.SIGKILL)  # the host is lost: every process at once, no exit code written
     proc.wait()
     last = beat.read()["beat"]
