@@ -58,16 +58,21 @@ class ProcessRecord:
         tmp.write_text(json.dumps({"pid": pid, "start": start_ticks(pid), "host": socket.gethostname()}))
         os.replace(tmp, self.path)
 
+    def _read(self) -> tuple[int, int | None, str | None] | None:
+        """pid, start time and host of the record (None: no readable record)."""
+        try:
+            rec = json.loads(self.path.read_text())
+            return int(rec["pid"]), rec.get("start"), rec.get("host")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
     def pid(self) -> int | None:
         """The recorded pid, if that very process still runs on this host (another host's pid means
         nothing here: the same number may be a live process of this host, even with the same start time)."""
-        try:
-            rec = json.loads(self.path.read_text())
-            pid, start, host = int(rec["pid"]), rec.get("start"), rec.get("host")
-        except (OSError, ValueError, KeyError, TypeError):
+        rec = self._read()
+        if rec is None or rec[2] not in (None, socket.gethostname()):
             return None
-        if host is not None and host != socket.gethostname():
-            return None
+        pid, start, _ = rec
         return pid if start is not None and start_ticks(pid) == start else None
 
     def running(self) -> bool:
@@ -78,11 +83,10 @@ class ProcessRecord:
         its ``heartbeat`` says (fresh or stale); None when that cannot be told here (no record, or
         another host's record without a heartbeat: a triggerer elsewhere must not call a live trainer
         dead)."""
-        try:
-            host = json.loads(self.path.read_text()).get("host")
-        except (OSError, ValueError, AttributeError):
+        rec = self._read()
+        if rec is None:
             return None
-        if host is not None and host != socket.gethostname():
+        if rec[2] not in (None, socket.gethostname()):
             return heartbeat.fresh() if heartbeat is not None else None
         return self.running()
 
