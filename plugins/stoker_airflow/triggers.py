@@ -154,6 +154,24 @@ def lag_status(lag: int, max_lag: int, rc: int | None, following: bool = True) -
     return None
 
 
+PROGRESS_LOG_S = 60.0
+"""The lag trigger polls every few seconds (a dead trainer is noticed at once) but logs an unchanged
+progress line at most this often: a night of hours would otherwise log thousands of identical lines."""
+
+
+class ProgressLog:
+    """Says whether a progress line is worth logging: it changed, or ``every`` seconds have passed."""
+
+    def __init__(self, every: float = PROGRESS_LOG_S) -> None:
+        self.every, self.line, self.at = every, None, float("-inf")
+
+    def due(self, line: str, now: float) -> bool:
+        if line == self.line and now - self.at < self.every:
+            return False
+        self.line, self.at = line, now
+        return True
+
+
 class KafkaLagTrigger(BaseTrigger):
     """Fires when a consumer group's lag on a topic is at most ``max_lag`` messages, logging progress.
 
@@ -205,7 +223,7 @@ class KafkaLagTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         config = await _kafka_config(self.kafka_config_id)
-        last = None
+        last, progress = None, ProgressLog()
         while True:
             rc = trainer_exit(self.rc_file)
             if rc is not None and rc != 0:  # first, so a dead trainer is noticed while Kafka is unreachable too
@@ -231,5 +249,7 @@ class KafkaLagTrigger(BaseTrigger):
             if self.deadline is not None and time.time() >= self.deadline:
                 yield TriggerEvent({"status": Status.TIMEOUT.value, **last})
                 return
-            self.log.info("group %s on %s: %s", self.group_id, self.topic, report.describe())
+            line = report.describe()
+            if progress.due(line, time.monotonic()):
+                self.log.info("group %s on %s: %s", self.group_id, self.topic, line)
             await asyncio.sleep(self.poll_interval)

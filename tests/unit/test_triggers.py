@@ -105,3 +105,16 @@ def test_retention_warns_then_fails_while_the_data_is_still_there():
         == "retention_expiring"  # half an hour left: fail while the records are there
     assert retention_status(-5.0, week, lag=0) is None  # all consumed: nothing to lose
     assert retention_left("", week, at) is None and retention_left(published.isoformat(), 0, at) is None
+
+
+def test_the_lag_trigger_logs_a_changed_line_at_once_and_an_unchanged_one_once_a_minute():
+    """It polls every 2 s so a dead trainer is noticed at once; a night of hours must not log every poll."""
+    from stoker_airflow.triggers import PROGRESS_LOG_S, ProgressLog
+
+    log = ProgressLog()
+    polls = [(t * 2.0, "lag 40 messages" if t < 100 else "lag 20 messages") for t in range(200)]  # 400 s
+    logged = [(t, line) for t, line in polls if log.due(line, t)]
+    assert logged[0] == (0.0, "lag 40 messages") and (200.0, "lag 20 messages") in logged  # a change: at once
+    assert [t for t, _ in logged] == [0.0, 60.0, 120.0, 180.0, 200.0, 260.0, 320.0, 380.0]  # 8 of 200 polls
+    gaps = [b[0] - a[0] for a, b in zip(logged, logged[1:], strict=False) if a[1] == b[1]]
+    assert gaps and all(g >= PROGRESS_LOG_S for g in gaps)
