@@ -288,22 +288,34 @@ def _coordinator_moving(err: Any) -> bool:
 
 
 def committed_offsets(
-    config: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int]
+    config: Mapping[str, Any], group: str, topic: str, partitions: Iterable[int], deadline_s: float = 60.0
 ) -> dict[int, int | None]:
-    """The group's committed offset per partition (None where nothing is committed)."""
+    """The group's committed offset per partition (None where nothing is committed). While the group's
+    coordinator is not ready (a fresh broker still loading ``__consumer_offsets``, a failover) the
+    fetch answers NOT_COORDINATOR or the like: it is asked again until ``deadline_s``."""
     from confluent_kafka import KafkaException, TopicPartition
 
+    wanted = [TopicPartition(topic, p) for p in partitions]
     member = _group_member(config, group)
+    give_up, pause = time.monotonic() + deadline_s, 0.5
+    cause: KafkaException | None
     try:
-        found = member.committed([TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT_S)
-    except KafkaException as e:
-        raise StokerError(f"committed offsets of group {group!r} on {topic} failed: {e}") from e
+        while True:
+            try:
+                found = member.committed(wanted, timeout=TIMEOUT_S)
+            except KafkaException as e:
+                err, where, cause = e.args[0], f"{topic} failed", e
+            else:
+                failed = next((tp for tp in found if tp.error is not None), None)
+                if failed is None:
+                    return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
+                err, where, cause = failed.error, f"{topic}[{failed.partition}]", None
+            if not _coordinator_moving(err) or time.monotonic() + pause > give_up:
+                raise StokerError(f"committed offsets of group {group!r} on {where}: {err}") from cause
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
     finally:
         member.close()
-    failed = [tp for tp in found if tp.error is not None]
-    if failed:
-        raise StokerError(f"committed offsets of group {group!r} on {topic}[{failed[0].partition}]: {failed[0].error}")
-    return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
 
 
 def commit_offsets(config: Mapping[str, Any], group: str, topic: str, offsets: Mapping[int, int],

@@ -163,7 +163,8 @@ class ProgressLog:
     """Says whether a progress line is worth logging: it changed, or ``every`` seconds have passed."""
 
     def __init__(self, every: float = PROGRESS_LOG_S) -> None:
-        self.every, self.line, self.at = every, None, float("-inf")
+        self.every, self.at = every, float("-inf")
+        self.line: str | None = None
 
     def due(self, line: str, now: float) -> bool:
         if line == self.line and now - self.at < self.every:
