@@ -265,8 +265,12 @@ def _retriable(e: StokerError) -> bool:
     from confluent_kafka import KafkaError, KafkaException
 
     cause = e.__cause__
+    # a partition whose leadership is settling (a new topic, a failover) answers with any of these until
+    # every broker has the new leader epoch: UNKNOWN_LEADER_EPOCH was seen on a fresh 3-node cluster
     return isinstance(cause, KafkaException) and _transient(cause.args[0], (
-        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART))
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE))
 
 
 def _group_member(config: Mapping[str, Any], group: str, **extra: Any) -> Any:

@@ -66,12 +66,19 @@ def submit(cfg: Path, topic: str, run_dir: Path, kafka_config: dict, fresh: bool
            str(run_dir / "plan.json"), *extra]
     env = {**os.environ, "STOKER_KAFKA_CONFIG": json.dumps(kafka_config), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
-    log = open(run_dir.parent / f"{run_dir.name}.log", "wb")  # noqa: SIM115 - the child writes it
+    log = open(job_log(run_dir), "wb")  # noqa: SIM115 - the child writes it
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def await_publishing(kafka_config: dict, topic: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    """Until records of open transactions reach the topic (the pack pass is publishing)."""
+def job_log(run_dir: Path) -> Path:
+    """Where :func:`submit` sends the job's output."""
+    return run_dir.parent / f"{run_dir.name}.log"
+
+
+def await_publishing(kafka_config: dict, topic: str, proc: subprocess.Popen, timeout: float = 300,
+                     run_dir: Path | None = None) -> None:
+    """Until records of open transactions reach the topic (the pack pass is publishing); a job that
+    ends first fails the test with its log's tail."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -80,7 +87,11 @@ def await_publishing(kafka_config: dict, topic: str, proc: subprocess.Popen, tim
         except Exception:  # noqa: BLE001 - the topic is made by the job
             pass
         time.sleep(0.2)
-    raise AssertionError(f"{topic}: no record published within {timeout}s (job exit code {proc.poll()})")
+    tail = ""
+    if run_dir is not None and job_log(run_dir).exists():
+        lines = job_log(run_dir).read_text(errors="replace").splitlines()
+        tail = "\n".join(ln for ln in lines if not ln.startswith("%"))[-4000:]  # librdkafka's lines aside
+    raise AssertionError(f"{topic}: no record published within {timeout}s (job exit code {proc.poll()})\n{tail}")
 
 
 def assert_exactly_once(kafka_config: dict, run_dir: Path) -> list[bytes]:

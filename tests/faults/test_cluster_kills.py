@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fault_tools import assert_exactly_once, await_publishing, submit, write_corpus
+from fault_tools import assert_exactly_once, await_publishing, job_log, submit, write_corpus
 from kafka_cluster import ComposeCluster  # tests/kafka_cluster.py
 from trainer_tools import (
     all_keys,
@@ -55,11 +55,11 @@ def _publish_through_a_kill(cluster: ComposeCluster, corpus: Path, run_dir: Path
     proc = submit(corpus, topic, run_dir, cluster.client)
     node = ""
     try:
-        await_publishing(cluster.client, topic, proc)
+        await_publishing(cluster.client, topic, proc, run_dir=run_dir)
         node = victim()
         cluster.kill(node)
         rc = proc.wait(timeout=900)
-        log = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
+        log = job_log(run_dir).read_text(errors="replace")
         assert rc == 0, f"the job failed after {node} was killed:\n{log[-4000:]}"
         assert_exactly_once(cluster.client, run_dir)  # with one node of three down
     finally:

@@ -36,7 +36,7 @@ def test_a_python_worker_killed_mid_transaction_is_retried_exactly_once(corpus, 
     topic = "stoker.faults.20261201.a1"
     proc = submit(corpus, topic, tmp_path / "run", kafka_config)
     try:
-        await_publishing(kafka_config, topic, proc)
+        await_publishing(kafka_config, topic, proc, run_dir=tmp_path / "run")
         workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
                    if _is_daemon(p) and p.parent() is not None and _is_daemon(p.parent())]
         assert workers, "no forked pyspark worker to kill"
@@ -53,7 +53,7 @@ def test_a_python_worker_killed_mid_transaction_is_retried_exactly_once(corpus, 
 def test_the_whole_job_killed_mid_publish_then_run_again_publishes_exactly_once(corpus, kafka_config, tmp_path):
     topic = "stoker.faults.20261201.a2"
     proc = submit(corpus, topic, tmp_path / "first", kafka_config)
-    await_publishing(kafka_config, topic, proc)
+    await_publishing(kafka_config, topic, proc, run_dir=tmp_path / "first")
     os.killpg(proc.pid, signal.SIGKILL)  # spark-submit, its JVM and every Python worker at once
     proc.wait(timeout=60)
     assert not RunLayout(tmp_path / "first").manifest.exists()

@@ -45,3 +45,22 @@ def test_each_kind_of_client_is_spelled_once():
     publisher = kafka_clients.client_config(NOWHERE, kafka_clients.Role.PUBLISHER, **{"transactional.id": "t"})
     assert publisher["enable.idempotence"] is True and publisher["acks"] == "all"
     assert kafka_clients.client_config({**NOWHERE, "acks": "1"}, kafka_clients.Role.PUBLISHER)["acks"] == "all"
+
+
+@pytest.mark.parametrize("code", ["UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH", "NOT_LEADER_FOR_PARTITION",
+                                  "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART"])
+def test_list_offsets_asks_again_while_a_partitions_leadership_settles(code):
+    # a topic just made on a 3-node cluster answered list_offsets with UNKNOWN_LEADER_EPOCH and failed a publish
+    from confluent_kafka import KafkaError, KafkaException
+
+    from stoker import kafka as skafka
+    from stoker.exceptions import StokerError
+
+    def failed(c: int) -> StokerError:
+        try:
+            raise StokerError("list_offsets failed") from KafkaException(KafkaError(c))
+        except StokerError as e:
+            return e
+
+    assert skafka._retriable(failed(getattr(KafkaError, code)))
+    assert not skafka._retriable(failed(KafkaError.TOPIC_AUTHORIZATION_FAILED))
