@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +30,16 @@ def cache_dir() -> Path:
     """Per-user cache of checkout-independent downloads."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stoker"
     return Path(os.environ.get("STOKER_CACHE", default)).resolve()
+
+
+def torch_extensions_dir() -> Path:
+    """Where torch JIT-builds DeepSpeed's ops (``$TORCH_EXTENSIONS_DIR`` when set): per user and per Python
+    environment. The build commands name the environment's include paths, so two checkouts sharing one
+    folder rebuild each other's ops (30-45 s at a trainer's first start) each time they take turns."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    env = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
+    return cache_dir() / "torch-extensions" / env
 
 
 def runs_dir() -> Path:

@@ -190,8 +190,7 @@ class TrainerLauncher:
         threads = max(1, (os.cpu_count() or 1) // world_size)
         full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
                     TAG_VAR: str(f.folder),
-                    "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                           str(paths.cache_dir() / "torch-extensions")),
+                    "TORCH_EXTENSIONS_DIR": str(paths.torch_extensions_dir()),
                     **env}
         # the shell records the launchers' exit code; it runs in a session of its own (the process
         # record's group), so stopping it stops every launcher and every rank

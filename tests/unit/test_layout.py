@@ -171,3 +171,17 @@ def test_a_remote_nodes_ranks_are_tagged_and_stopped_through_the_node_shell(tmp_
     assert tagged(str(tmp_path / "t")) == [rank.pid]
     launcher._stop_remote(placement, "gpu2", grace=5)
     assert rank.wait(timeout=30) != 0 and not tagged(str(tmp_path / "t"))
+
+
+def test_each_python_environment_builds_its_torch_ops_in_a_folder_of_its_own(monkeypatch, tmp_path):
+    # the ops' build commands name the venv's include paths: checkouts sharing a folder rebuilt each other's
+    from stoker import paths
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("STOKER_CACHE", str(tmp_path))
+    mine = paths.torch_extensions_dir()
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "another-checkout" / ".stoker" / "venv"))
+    theirs = paths.torch_extensions_dir()
+    assert mine.parent == theirs.parent == tmp_path / "torch-extensions" and mine != theirs
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "chosen"))
+    assert paths.torch_extensions_dir() == tmp_path / "chosen"
