@@ -30,7 +30,8 @@ pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]
 DS = "2026-12-07"
 NIGHT_ONE = "2026-12-06"
-KILL_AT_STEP = 56  # past the checkpoint at step 50 (debug_cpu), long before the end (~137 steps)
+KILL_AT_STEP = 14  # past the checkpoint at step 10 (the recipe below), long before the end (about 33 steps)
+RECIPE = "base: debug_cpu\ncheckpoint_every: 10\n"
 
 DAG_TEST = """
 import json
@@ -82,13 +83,22 @@ class _Killer:
 
 
 @pytest.fixture()
-def corpora(tmp_path) -> Path:
-    """The sample corpus as `trainkill`, with the keys audit log on and a quick relaunch."""
+def corpora(tmp_path, sample_corpus) -> Path:
+    """The sample corpus as `trainkill` (one of its shards: a short night), with the keys audit log on, a
+    checkpoint every 10 steps and a quick relaunch."""
     folder = tmp_path / "corpora"
-    folder.mkdir()
+    (folder / "recipes").mkdir(parents=True)
+    (folder / "recipes" / "trainkill.yaml").write_text(RECIPE)
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    shutil.copy(sample_corpus["data"] / "part-00002.jsonl", drop)  # bad records and duplicates included
+    (drop / "_SUCCESS").write_text("")
     text = (REPO / "corpora" / "sample.yaml").read_text().replace("name: sample", "name: trainkill")
-    text = text.replace("  timeout_s: 3600\n", "  timeout_s: 1200\n  log_keys: true\n  restart_delay_s: 1\n"
-                        "  max_restarts: 2\n")
+    for old, new in (('uri: "{state}/data/sample"', f'uri: "{drop}"'), ("recipe: debug_cpu", "recipe: trainkill"),
+                     ("  timeout_s: 3600\n", "  timeout_s: 1200\n  log_keys: true\n  restart_delay_s: 1\n"
+                                             "  max_restarts: 2\n")):
+        assert old in text, old
+        text = text.replace(old, new)
     (folder / "trainkill.yaml").write_text(text)
     return folder
 
@@ -140,10 +150,10 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     trained = trained_keys(files)
     assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
     assert sorted(trained) == sorted(k.decode() for k in committed), "trained keys != the published sequences"
-    # the second life resumed from the checkpoint at step 50, not from the start
+    # the second life resumed from the checkpoint at step 10, not from the start
     rows = read_log(Path(str(files.keys_log).replace("{rank}", "0")))
     restarts = [b["step"] for a, b in zip(rows, rows[1:], strict=False) if b["step"] <= a["step"]]
-    assert restarts == [51], restarts
+    assert restarts == [11], restarts
     ends = skafka.committed_offsets(kafka_config, consumer_group(m.topic), m.topic, m.end_offsets())
     assert compute_lag(m.end_offsets(), ends).lag == 0
     # night 2 of the line, both lives: started from night 1's model, and joined the line only once done
