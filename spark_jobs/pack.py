@@ -3,6 +3,7 @@ the task's Kafka transaction (spark_jobs/publish.py); no pyspark at import."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from stoker.client_config import with_password_file
@@ -14,12 +15,13 @@ ENCODE_BATCH = 1024
 
 def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, skips: Any, topic: str, run_id: str,
                          dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
-                         task_partitions: int = 1):
+                         task_partitions: int = 1, holdout_dir: str | None = None):
     """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary.
     ``kafka_config`` travels pickled into every task: a ``sasl.password.file`` in it stays a path, read by the
-    task where it runs (stoker.client_config)."""
-    seq_len, tx_ms = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms
-    nparts, compression = cfg.topic.partitions, cfg.topic.compression
+    task where it runs (stoker.client_config). Held-out documents (``eval.holdout_per_mille``) are packed apart
+    and written to ``holdout_dir`` (stoker.holdout) before the task's last transaction commits."""
+    seq_len, tx_ms, per_mille = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms, cfg.eval.holdout_per_mille
+    nparts, compression, per_mille = cfg.topic.partitions, cfg.topic.compression, per_mille if holdout_dir else 0
     eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
     read_acc, docs_acc, tokens_acc = ((progress.bytes_read, progress.docs, progress.tokens) if progress is not None
                                       else (None, None, None))
@@ -31,32 +33,37 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         from spark_jobs.publish import TaskSummary, publish_partition
         from spark_jobs.steps import Packer, kept_texts
         from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
+        from stoker.holdout import HoldoutPart
 
         ctx = TaskContext.get()
         assert ctx is not None, "runs inside a Spark task"
         sp, attempt = ctx.partitionId(), ctx.attemptNumber()
         tok, skip = tokenizer_from_json(*tokenizer.value), skips.value
-        packer = Packer(seq_len=seq_len, eos_id=token_id(tok, eos, "eos_token"),
-                        pad_id=token_id(tok, pad, "pad_token"))
+        marks = token_id(tok, eos, "eos_token"), token_id(tok, pad, "pad_token")
+        packer, hold = Packer(seq_len, *marks), HoldoutPart(packer=Packer(seq_len, *marks))  # held out: packed alike
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
 
-        def pack(texts: list[str], sources: list[str]):
-            by_source = summary.source_tokens
-            summary.docs += len(texts)
-            for ids, src in zip(encode_batch(tok, texts), sources, strict=True):
-                by_source[src] = by_source.get(src, 0) + len(ids) + 1  # + its EOS
+        def pack(texts: list[str], sources: list[str], held: list[bool]):
+            for ids, src, text, h in zip(encode_batch(tok, texts), sources, texts, held, strict=True):
+                if h:  # never published
+                    hold.add(src, ids, text)
+                    continue
+                summary.docs += 1
+                summary.source_tokens[src] = summary.source_tokens.get(src, 0) + len(ids) + 1  # + its EOS
                 yield from packer.add(ids)
             if docs_acc is not None:
                 docs_acc.add(len(texts))
 
         def sequences():
-            for texts, sources in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
-                                             c.max_chars, skip, ENCODE_BATCH):
-                yield from pack(texts, sources)
+            for texts, sources, held in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
+                                                   c.max_chars, skip, ENCODE_BATCH, per_mille):
+                yield from pack(texts, sources, held)
             yield from packer.flush()
             summary.tokens, summary.padding = packer.tokens, packer.padding
             if tokens_acc is not None:
                 tokens_acc.add(packer.tokens)
+            if per_mille:  # before the last transaction commits: a committed task always has its file
+                hold.write(Path(holdout_dir), sp, dtype)  # type: ignore[arg-type]
 
         fail_after = fail[1] if fail and fail[0] == sp and attempt == 0 else None
         config = with_password_file(kafka_config)  # here, in the task: no password travels in the closure

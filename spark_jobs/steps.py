@@ -106,22 +106,27 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest:
 
 
 def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, max_chars: int, skip: Any,
-               batch: int) -> Iterator[tuple[list[str], list[str]]]:
-    """What a pack task tokenises, in batches of (texts, their source files): the records cleaned again
-    and kept, less those in ``skip`` (the duplicates, by place)."""
+               batch: int, holdout_per_mille: int = 0) -> Iterator[tuple[list[str], list[str], list[bool]]]:
+    """What a pack task tokenises, in batches of (texts, their source files, whether each is held out): the
+    records cleaned again and kept, less those in ``skip`` (the duplicates, by place). A text is held out
+    by its digest (:func:`stoker.holdout.held_out`), computed only when something is held out."""
+    from stoker.holdout import held_out
+
     texts: list[str] = []
     sources: list[str] = []
+    held: list[bool] = []
     for p in records:
-        p = clean(p, normalization, min_chars, max_chars, digest=False)
+        p = clean(p, normalization, min_chars, max_chars, digest=holdout_per_mille > 0)
         if p.reason is not None or (p.source, p.pos) in skip:
             continue
         texts.append(p.text or "")
         sources.append(p.source)
+        held.append(p.digest is not None and held_out(p.digest, holdout_per_mille))
         if len(texts) == batch:
-            yield texts, sources
-            texts, sources = [], []
+            yield texts, sources, held
+            texts, sources, held = [], [], []
     if texts:
-        yield texts, sources
+        yield texts, sources, held
 
 
 def _raw(p: Parsed) -> bytes:

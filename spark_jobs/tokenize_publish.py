@@ -23,14 +23,15 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from stoker import holdout, paths, records
 from stoker import kafka as skafka
-from stoker import paths, records
 from stoker.client_config import config_from_env, with_password_file
 from stoker.config import CorpusConfig
 from stoker.exceptions import ConfigError
@@ -105,6 +106,7 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
     if run.manifest.exists():  # a re-run: no stage may trust the old manifest while this one publishes
         log.info("replacing the earlier manifest of %s", run.run_dir)
         run.manifest.unlink()
+    shutil.rmtree(run.holdout, ignore_errors=True)  # an earlier run's held-out files, of another partitioning
     uri = cfg.source.render(ds)
     tok_path = str(paths.resolve_local(cfg.tokenizer.path))
     if not Path(tok_path).is_file():
@@ -161,7 +163,7 @@ def quarantine(staged: Staged, run: RunLayout) -> Path:
 
 def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: str,
                  kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
-                 task_config: dict[str, Any] | None = None) -> list[Any]:
+                 task_config: dict[str, Any] | None = None, holdout_dir: Path | None = None) -> list[Any]:
     """The pack pass: read the records again, tokenise, pack and publish the kept ones, one Kafka
     transaction per task, or several for a task that publishes longer than half the transaction timeout (a
     whole compressed file). A task packs its records in file order, so a re-run of the night publishes
@@ -188,7 +190,7 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
     fn = pack_publish_batches(cfg=cfg, records=feed.records, tokenizer=tokenizer, skips=sc.broadcast(skips),
                               topic=topic, run_id=inputs.run_id, dtype=inputs.dtype,
                               kafka_config=task_config or kafka_config, fail=fail, progress=progress,
-                              task_partitions=done_parts)
+                              task_partitions=done_parts, holdout_dir=str(holdout_dir) if holdout_dir else None)
     summaries = [TaskSummary.from_json(r["summary"]) for r in feed.frame.mapInArrow(fn, "summary string").collect()]
     for s in summaries:
         if s.reused:
@@ -268,7 +270,8 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         staged = stage(spark, cfg, inputs, progress)
         quarantined = quarantine(staged, run)
         progress.set_phase("tokenise, pack, publish")
-        summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress, task_config=for_tasks)
+        summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress, task_config=for_tasks,
+                                 holdout_dir=run.holdout if cfg.eval.holdout_per_mille else None)
         staged.unpersist()
     from spark_jobs.publish import verify_published
 
@@ -277,8 +280,11 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     log.info("verified %d sequences of %d tasks in %s by a read_committed read in %.1f s",
              sum(s.sequences for s in summaries), len(summaries), topic, time.monotonic() - t1)
     manifest = build_manifest(spark, cfg, ds, topic, inputs, staged, summaries, quarantined, kafka_config, t0)
-    if sum(s.docs for s in summaries) != manifest.docs_kept:
-        raise RuntimeError(f"published {sum(s.docs for s in summaries)} docs but kept {manifest.docs_kept}")
+    if cfg.eval.holdout_per_mille:
+        manifest.holdout = holdout.account(run.holdout, cfg.eval.holdout_per_mille)
+    published, held = sum(s.docs for s in summaries), manifest.holdout.get("docs", 0)
+    if published + held != manifest.docs_kept:
+        raise RuntimeError(f"published {published} docs and held out {held} but kept {manifest.docs_kept}")
     write_manifest(run.run_dir, manifest)  # the commit point
     return manifest
 

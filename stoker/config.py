@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from stoker.exceptions import ConfigError
+from stoker.holdout import EvalConfig
 from stoker.schema import build, jsonable
 from stoker.schema import fail as _fail
 
@@ -323,6 +324,7 @@ class CorpusConfig:
     publish: PublishConfig = field(default_factory=PublishConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):

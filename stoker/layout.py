@@ -170,6 +170,11 @@ class RunLayout:
         return self.run_dir / "quarantine"
 
     @property
+    def holdout(self) -> Path:
+        """The night's held-out documents, packed (stoker.holdout): one file per pack task."""
+        return self.run_dir / "holdout"
+
+    @property
     def timings(self) -> Path:
         return self.run_dir / "timings.json"
 

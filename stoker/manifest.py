@@ -64,6 +64,10 @@ class Manifest:
     recorded (a manifest of an earlier Stoker)."""
     pad_id: int = -1
     """The id of padding (``tokenizer.pad_token``); -1: not recorded."""
+    holdout: dict[str, Any] = field(default_factory=dict)
+    """The documents held out of training (``eval.holdout_per_mille``), kept with the night
+    (:func:`stoker.holdout.account`): per_mille, path, sequences, docs, tokens, bytes and per source file;
+    ``docs_kept`` counts them, ``tokens`` and ``sequences`` do not. Empty: nothing held out."""
     version: int = MANIFEST_VERSION
 
     def check(self) -> None:

@@ -28,6 +28,7 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("Publishing", "publish", "stoker.config:PublishConfig"),
     ("Schedule", "schedule", "stoker.config:ScheduleConfig"),
     ("Training", "train", "stoker.config:TrainConfig"),
+    ("Evaluation", "eval", "stoker.holdout:EvalConfig"),
     ("Recipe (`corpora/recipes/<name>.yaml`)", "", "stoker.recipes:TrainRecipe"),
     ("Recipe model shape", "model", "stoker.recipes:ModelShape"),
 ]

@@ -258,13 +258,19 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
                                                                                     airflow_db, tmp_path):
     """The same job, unchanged, on a real cluster manager: spark_default points at a standalone master
     with two workers (pyspark's own jars, started here). The night publishes the same sequences as a
-    local-mode run of the same files; the tokenizer reaches the executors with the job."""
+    local-mode run of the same files, and holds out the same documents (the executors write the held-out
+    files); the tokenizer reaches the executors with the job."""
     from stoker import kafka as skafka
     from stoker_local.servers.spark import SparkStandalone
 
+    corpora = tmp_path / "corpora"  # the sample, holding out 2% of its documents
+    corpora.mkdir()
+    (corpora / "sample.yaml").write_text((REPO / "corpora" / "sample.yaml").read_text()
+                                         + "eval:\n  holdout_per_mille: 20\n")
+
     def publish(ds: str, env: dict[str, str]) -> Any:
-        out = subprocess.run([sys.executable, "-c", DAG_TEST_PUBLISH, ds], cwd=REPO, env=env, capture_output=True,
-                             text=True, timeout=900)
+        out = subprocess.run([sys.executable, "-c", DAG_TEST_PUBLISH, ds], cwd=REPO, capture_output=True,
+                             env={**env, "STOKER_CORPORA": str(corpora)}, text=True, timeout=900)
         assert 'STATE="success"' in out.stdout, out.stdout[-4000:] + out.stderr[-4000:]
         return read_manifest(RunLayout.of("sample", ds).run_dir)
 
@@ -272,6 +278,10 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
     with SparkStandalone(tmp_path / "spark", workers=2, cores=1, memory="2g") as cluster:
         conn = json.dumps({"conn_type": "spark", "host": cluster.url, "extra": {"spark-binary": "spark-submit"}})
         remote = publish("2026-12-06", {**os.environ, "AIRFLOW_CONN_SPARK_DEFAULT": conn})
+    assert remote.holdout["docs"] == local.holdout["docs"] > 0
+    held = [sorted(p.read_bytes() for p in RunLayout.of("sample", ds).holdout.glob("part-*.npz"))
+            for ds in ("2026-12-05", "2026-12-06")]
+    assert held[0] == held[1]  # the same documents, packed the same way, wherever the tasks ran
     assert local.spark_app_id.startswith("local-") and remote.spark_app_id.startswith("app-")  # a standalone app
     assert (remote.docs_in, remote.docs_kept, remote.docs_dropped, remote.tokens, remote.sequences) == \
         (local.docs_in, local.docs_kept, local.docs_dropped, local.tokens, local.sequences)

@@ -5,6 +5,7 @@ duplicates a sequence."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -96,8 +97,56 @@ def test_counts_decode_and_offsets(spark, kafka_config, small_cfg, tmp_path):
     assert not [t for t in left if t not in (topic, tasks_topic(topic))]
 
 
+def _held_out_docs(folder: Path) -> tuple[list[tuple[int, ...]], Counter]:
+    """The documents of a run's held-out files (their flattened tokens cut by ``doc_tokens``), and their
+    UTF-8 bytes per source file."""
+    from stoker.holdout import read_part
+
+    docs: list[tuple[int, ...]] = []
+    nbytes: Counter = Counter()
+    for path in sorted(folder.glob("part-*.npz")):
+        part = read_part(path)
+        flat, at = part["tokens"].reshape(-1).tolist(), 0
+        for n, b, code in zip(part["doc_tokens"], part["doc_bytes"], part["doc_source"], strict=True):
+            docs.append(tuple(flat[at:at + int(n) - 1]))  # the EOS aside
+            at += int(n)
+            nbytes[str(part["sources"][code])] += int(b)
+    return docs, nbytes
+
+
+def test_held_out_documents_never_reach_the_topic_and_the_manifest_accounts_for_them(spark, kafka_config, small_cfg,
+                                                                                      tmp_path):
+    import unicodedata
+
+    from stoker.holdout import held_out
+
+    small_cfg.eval = dataclasses.replace(small_cfg.eval, holdout_per_mille=100)
+    topic = "stoker.test.20261212.a1"
+    m = run_job(spark, small_cfg, ds="2026-12-12", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
+    tok = load_tokenizer(m.tokenizer_path)
+    published, _ = _documents_from_topic(skafka.read_all(kafka_config, topic), tok.token_to_id("<|endoftext|>"))
+    held, nbytes = _held_out_docs(RunLayout(tmp_path / "run").holdout)
+
+    # chosen by the digest of the clean text: the same documents a run of any shape would hold out
+    texts = list(dict.fromkeys(unicodedata.normalize("NFC", t).strip() for t in GOOD))
+    chosen = [t for t in texts if held_out(hashlib.sha256(t.encode()).digest(), 100)]
+    assert 0 < len(chosen) < len(texts)
+    assert Counter(held) == Counter(tuple(e.ids) for e in tok.encode_batch(chosen, add_special_tokens=False))
+    assert not set(held) & set(published)  # never trained on
+    assert Counter(published) + Counter(held) == Counter(_expected_docs(m.tokenizer_path))  # nothing lost
+    # the manifest: kept = published + held out; tokens and sequences are the training ones
+    h = m.holdout
+    assert (h["per_mille"], h["docs"], m.docs_kept) == (100, len(chosen), len(GOOD))
+    assert h["bytes"] == sum(len(t.encode()) for t in chosen) == sum(nbytes.values())
+    assert {r["path"]: r["bytes"] for r in h["sources"]} == dict(nbytes)
+    assert h["tokens"] == sum(len(d) + 1 for d in held) and m.tokens == sum(len(d) + 1 for d in published)
+    assert m.sequences == len(skafka.read_all(kafka_config, topic)) and h["sequences"] >= 1
+    assert read_manifest(tmp_path / "run").holdout == h
+
+
 def test_failed_spark_task_is_retried_without_loss_or_duplicates(spark, kafka_config, small_cfg, tmp_path):
     topic = "stoker.test.20261202.a1"
+    small_cfg.eval = dataclasses.replace(small_cfg.eval, holdout_per_mille=100)  # the retry holds out the same
     # the first attempt of Spark partition 1 dies after producing 2 sequences
     m = run_job(spark, small_cfg, ds="2026-12-02", topic=topic, run_dir=tmp_path / "run",
                 kafka_config=kafka_config, fail=(1, 2))
@@ -116,6 +165,10 @@ def test_failed_spark_task_is_retried_without_loss_or_duplicates(spark, kafka_co
                     kafka_config=kafka_config)
     clean_msgs = skafka.read_all(kafka_config, clean.topic)
     assert sorted((x.key(), x.value()) for x in clean_msgs) == sorted((x.key(), x.value()) for x in committed)
+    assert m.holdout["docs"] > 0 and {k: v for k, v in m.holdout.items() if k != "path"} == {
+        k: v for k, v in clean.holdout.items() if k != "path"}
+    parts = [sorted(RunLayout(tmp_path / d).holdout.iterdir()) for d in ("run", "c")]
+    assert [p.read_bytes() for p in parts[0]] == [p.read_bytes() for p in parts[1]]
 
 
 def test_rerun_under_the_same_topic_replaces_it(spark, kafka_config, small_cfg, tmp_path):

@@ -85,4 +85,4 @@ def test_a_pack_task_tokenises_the_kept_records_less_the_duplicates_in_batches()
             enumerate([b'{"text": "a b"}', b'{"text": "  "}', b'{"text": "c d"}', b'broken', b'{"text": "e"}'])]
     skips = steps.Skips.of(["f"], np.array([0]), np.array([20]))  # "c d" at byte 20 is a duplicate
     got = list(steps.kept_texts(recs, "NFC", 1, 100, skips, batch=1))
-    assert got == [(["a b"], ["f"]), (["e"], ["f"])]
+    assert got == [(["a b"], ["f"], [False]), (["e"], ["f"], [False])]

@@ -1,0 +1,57 @@
+"""Held-out documents: chosen by the digest of their text, packed apart, accounted per source."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from spark_jobs import steps
+from stoker.config import parse_corpus
+from stoker.exceptions import ConfigError
+from stoker.holdout import HoldoutPart, account, held_out
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_share_held_out_follows_the_setting_and_depends_on_the_text_alone():
+    digests = [hashlib.sha256(f"document {i}".encode()).digest() for i in range(20_000)]
+    for per_mille in (0, 5, 100):
+        chosen = [d for d in digests if held_out(d, per_mille)]
+        assert abs(len(chosen) - 20 * per_mille) <= 4 * (20 * per_mille) ** 0.5 + 1  # ~binomial
+        assert chosen == [d for d in digests if held_out(d, per_mille)]  # the same every time
+    # a smaller share is a subset of a larger one: raising the setting only adds documents
+    assert {d for d in digests if held_out(d, 5)} <= {d for d in digests if held_out(d, 100)}
+
+
+def test_a_pack_task_marks_the_held_out_texts_and_every_copy_of_one_goes_the_same_way():
+    texts = [f"text number {i}" for i in range(300)]
+    recs = [steps.parse_line("f", i, f'{{"text": "{t}"}}'.encode(), "jsonl", "text") for i, t in enumerate(texts * 2)]
+    out = [(t, h) for ts, _, hs in steps.kept_texts(recs, "NFC", 1, 100, steps.Skips(), 64, 100)
+           for t, h in zip(ts, hs, strict=True)]
+    held = {t for t, h in out if h}
+    assert held == {t for t in texts if held_out(hashlib.sha256(t.encode()).digest(), 100)} and 0 < len(held) < 300
+    assert [h for t, h in out[:300]] == [h for t, h in out[300:]]  # no dedup here: both copies held out
+
+
+def test_held_out_files_keep_each_documents_source_tokens_and_bytes(tmp_path):
+    part = HoldoutPart(packer=steps.Packer(seq_len=4, eos_id=0, pad_id=9))
+    part.add("file:/a.jsonl", [5, 6, 7], "héllo")  # 6 UTF-8 bytes
+    part.add("file:/b.jsonl", [8], "x")
+    part.add("file:/a.jsonl", [1, 2], "ab")
+    part.write(tmp_path / "holdout", 3, "uint16")
+    with np.load(tmp_path / "holdout" / "part-00003.npz") as z:
+        assert z["tokens"].tolist() == [[5, 6, 7, 0, 8], [0, 1, 2, 0, 9]]  # packed as training is, padded last
+        assert z["tokens"].dtype == np.uint16
+    got = account(tmp_path / "holdout", 7)
+    assert (got["per_mille"], got["docs"], got["tokens"], got["bytes"], got["sequences"]) == (7, 3, 9, 9, 2)
+    assert got["sources"] == [{"path": "file:/a.jsonl", "docs": 2, "tokens": 7, "bytes": 8},
+                              {"path": "file:/b.jsonl", "docs": 1, "tokens": 2, "bytes": 1}]
+    assert not list((tmp_path / "holdout").glob(".*"))  # no temporary file left
+
+
+def test_a_holdout_share_over_the_limit_names_the_field_and_the_limit():
+    with pytest.raises(ConfigError, match=r"eval.holdout_per_mille = 500: must be in \[0, 100\]"):
+        parse_corpus({"name": "c", "source": {"uri": "/d"}, "tokenizer": {"path": "/t.json"},
+                      "eval": {"holdout_per_mille": 500}})
