@@ -122,9 +122,9 @@ def load_model(folder: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
     model.config.use_cache = False
-    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    return model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu")).eval()
 
 
 def evaluate(model_dir: str, sets: dict[str, Path], baseline_dir: str | None = None,
