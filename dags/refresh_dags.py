@@ -18,6 +18,7 @@ from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, line_pool, topic_prefix
 from stoker.plan import RUN_PARAMS, refresh_dag
 from stoker_airflow.callbacks import stage_finished, stage_started
+from stoker_airflow.evaluation import NightEvalOperator
 from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
 
@@ -38,7 +39,8 @@ Kafka topic, write the manifest last) → `await_published` (the topic's committ
 the manifest's) → `train` (DeepSpeed, {world} rank(s), recipe `{recipe}`, launched detached and
 followed, deferred, until the training consumer group has consumed the run; a trainer that dies is
 relaunched by the task's retry and resumes from its last checkpoint) → `await_consumed` (Kafka
-confirms the group's lag is 0) → `report` (the run summary).
+confirms the group's lag is 0) → `evaluate` (bits per byte on held-out documents, the night against the model
+it continued) → `report` (the run summary).
 
 **Model line** `{line}`: each night continues the newest night of the line before it (the line's
 first night starts from `{init}`); a night joins the line only when its training succeeded, and the
@@ -115,7 +117,13 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
             kafka_config_id=KAFKA_CONN, poll_interval=5, timeout=cfg.train.timeout_s, outlets=[model],
             doc_md="Confirms from Kafka that the training group's lag is 0 and the trainer exited cleanly.",
         )
-        train >> await_consumed
+        evaluate = NightEvalOperator(
+            task_id="evaluate", manifest_path=str(run.manifest), queue=cfg.train.queue,
+            doc_md=("Scores the night's model and the model it continued on the night's held-out documents "
+                    "and on the line's earlier nights' (forgetting): bits per byte per source, with standard "
+                    "errors (eval.json). Skipped when nothing was held out (eval.holdout_per_mille 0)."),
+        )
+        train >> await_consumed >> evaluate
     return group
 
 

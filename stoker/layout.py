@@ -175,6 +175,11 @@ class RunLayout:
         return self.run_dir / "holdout"
 
     @property
+    def evaluation(self) -> Path:
+        """The night's figures on held-out data (training/evaluate.py), written by the evaluate task."""
+        return self.run_dir / "eval.json"
+
+    @property
     def timings(self) -> Path:
         return self.run_dir / "timings.json"
 
@@ -223,6 +228,12 @@ class NightFiles:
     @property
     def card(self) -> Path:
         return self.model / "README.md"
+
+    @property
+    def holdout(self) -> Path:
+        """The night's held-out documents (stoker.holdout), kept with it: later nights measure on them what
+        they cost the earlier data."""
+        return self.folder / "holdout"
 
 
 @dataclass(frozen=True, slots=True)

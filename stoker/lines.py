@@ -292,11 +292,11 @@ def _link_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=link)
 
 
-def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path) -> NightFiles:
+def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, holdout: Path | None = None) -> NightFiles:
     """Record a finished night in its line: its final complete checkpoint, its HF export with a model
-    card, its record last, in a new folder of the line's store; then the night's link is swapped to it
-    in one rename, so a reader (or a crash) sees the old night or the whole new one. Store folders that
-    no link names (a replaced night, a crash's leftovers) are removed."""
+    card, its held-out documents, its record last, in a new folder of the line's store; then the night's
+    link is swapped to it in one rename, so a reader (or a crash) sees the old night or the whole new one.
+    Store folders that no link names (a replaced night, a crash's leftovers) are removed."""
     complete = complete_checkpoints(checkpoints)
     if not complete:
         raise StokerError(f"{checkpoints}: no complete checkpoint to promote (none marked "
@@ -309,6 +309,8 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path) -> 
     _link_tree(checkpoints / complete[-1], new.checkpoint / complete[-1])
     (new.checkpoint / "latest").write_text(complete[-1])
     _link_tree(export, new.model)
+    if holdout is not None and holdout.is_dir():
+        _link_tree(holdout, new.holdout)
     new.card.unlink(missing_ok=True)
     new.card.write_text(model_card(night))
     atomic_write_json(new.record, asdict(night))

@@ -106,6 +106,8 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "training": _training(run_dir, m),
         "training_skipped": training_skipped(m),
         "params": (_read_json(RunLayout(Path(run_dir)).plan) or {}).get("params"),
+        "holdout": m.holdout or None,
+        "eval": _read_json(RunLayout(Path(run_dir)).evaluation),
     }
 
 
@@ -170,7 +172,21 @@ def render(s: dict[str, Any]) -> str:
             f"    loss curve     {t['loss_curve']}",
             *_render_line(t.get("line")),
         ]
-    return "\n".join(lines)
+    return "\n".join([*lines, *_render_eval(s.get("holdout"), s.get("eval"))])
+
+
+def _render_eval(holdout: dict[str, Any] | None, ev: dict[str, Any] | None) -> list[str]:
+    """What was held out, and the night's figures on it (training/evaluate.py)."""
+    if not holdout:
+        return []
+    out = [f"  held out         {holdout['docs']} docs ({holdout['per_mille']} per mille), {holdout['bytes']} bytes, "
+           f"{holdout['sequences']} sequences"]
+    for name, f in ((ev or {}).get("sets") or {}).items():
+        a = f["all"]
+        vs = (f"; was {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
+              if "delta" in a else "")
+        out.append(f"    {name:<15}{a['bpb']:.4f} bits/byte ± {a['stderr']:.4f} ({a['docs']} docs){vs}")
+    return out
 
 
 def _render_line(line: dict[str, Any] | None) -> list[str]:

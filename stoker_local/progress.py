@@ -21,13 +21,14 @@ from typing import Any, TextIO
 from stoker.layout import RunLayout
 from stoker.manifest import read_manifest
 
-STAGES = ("await_source", "tokenize_publish", "await_published", "train", "await_consumed", "report")
+STAGES = ("await_source", "tokenize_publish", "await_published", "train", "await_consumed", "evaluate", "report")
 STAGE_TEXT = {
     "await_source": "waiting for the night's drop",
     "tokenize_publish": "Spark: read, validate, dedup, tokenise, pack, publish",
     "await_published": "checking Kafka holds the manifest's offsets",
     "train": "training",
     "await_consumed": "checking Kafka: the training group's lag is 0",
+    "evaluate": "scoring the night and the model it continued on held-out data",
     "report": "writing the run summary",
 }
 

@@ -140,7 +140,7 @@ def trainer_args(settings: LineSettings, parent: Parent) -> list[str]:
     return [*init_args(parent), "--optimizer", settings.optimizer, "--lr-schedule", settings.lr_schedule]
 
 
-def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles) -> NightFiles:
+def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles, holdout: Path | None = None) -> NightFiles:
     """The night finished: its final checkpoint, export, model card and record go into its line. Its role
     is checked once more: a night whose parent is no longer what the line would give it (two nights of a
     line trained at once, without the line's pool) joins as a branch, never as a head that skips a night."""
@@ -155,7 +155,7 @@ def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles) -> Nig
     summary = json.loads(files.summary.read_text())
     night = night_record(manifest, summary, parent)
     export = Path(summary.get("export") or files.export)
-    done = promote(settings.layout, night, files.checkpoints, export)
+    done = promote(settings.layout, night, files.checkpoints, export, holdout)
     (export / "README.md").unlink(missing_ok=True)  # the run's own export carries the card too (a new file:
     (export / "README.md").write_text(done.card.read_text())  # never written through a link into the line)
     log.info("night %s of %s joined line %s as its %s (parent: %s); model card %s", manifest.ds, manifest.corpus,

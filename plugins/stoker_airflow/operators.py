@@ -343,7 +343,7 @@ class DeepSpeedTrainOperator(BaseOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-        from stoker.layout import consumer_group
+        from stoker.layout import RunLayout, consumer_group
         from stoker.manifest import read_manifest
         from stoker_airflow.sensors import lag_failure
 
@@ -352,7 +352,8 @@ class DeepSpeedTrainOperator(BaseOperator):
         launcher.files.secrets.unlink(missing_ok=True)
         settings = self.line_settings()
         if event["status"] == Status.CAUGHT_UP:
-            night = join_line(settings, m, launcher.files) if settings else None
+            holdout = RunLayout.of_manifest(self.manifest_path).holdout
+            night = join_line(settings, m, launcher.files, holdout) if settings else None
             if settings:
                 give_back_line_lease(settings, m, context["ti"])
             return {**launcher.describe(m.topic), "consumed": True, "line_night": str(night.folder) if night else None}

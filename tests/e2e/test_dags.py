@@ -29,7 +29,7 @@ def test_every_dag_imports_without_errors():
     assert dag is not None
     order = [t.task_id for t in dag.topological_sort()]
     assert order == ["await_source", "publish.tokenize_publish", "publish.await_published", "training.train",
-                     "training.await_consumed", "report"]
+                     "training.await_consumed", "training.evaluate", "report"]
     assert set(dag.task_group.children) == {"await_source", "publish", "training", "report"}
     # lineage: source -> tokenize_publish -> topic -> train; the model is await_consumed's outlet
     tasks = dag.task_dict

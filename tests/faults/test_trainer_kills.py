@@ -99,7 +99,7 @@ def corpora(tmp_path, sample_corpus) -> Path:
                                              "  max_restarts: 2\n")):
         assert old in text, old
         text = text.replace(old, new)
-    (folder / "trainkill.yaml").write_text(text)
+    (folder / "trainkill.yaml").write_text(text + "eval:\n  holdout_per_mille: 20\n")  # and evaluated
     return folder
 
 
@@ -141,7 +141,7 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     assert killer.killed, (killer.error or "the killer did not run") + "\n" + logs
     assert 'STATE="success"' in out.stdout, logs
     tries = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("TRIES="))[6:])
-    assert tries["training.train"] == 2, tries  # one death, one relaunch, no person involved
+    assert tries["training.train"] == 2 and tries["training.evaluate"] == 1, tries  # one death, one relaunch
     assert "was killed as a whole" in out.stdout + out.stderr  # told apart from a clean exit
 
     m = read_manifest(run.run_dir)
@@ -162,3 +162,12 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     night = LineLayout.of("trainkill").night(DS, "trainkill")
     lineage = json.loads(night.record.read_text())["lineage"]
     assert [e.get("ds") for e in lineage] == [None, NIGHT_ONE, DS] and lineage[-1]["topic"] == m.topic
+    # evaluated on its held-out documents against night 1's model, which it continued
+    figures = json.loads(run.evaluation.read_text())
+    assert figures["baseline"] == f"{night_one}/hf" and list(figures["sets"]) == ["night"]
+    night_set = figures["sets"]["night"]["all"]
+    assert night_set["docs"] == m.holdout["docs"] > 0 and night_set["bytes"] == m.holdout["bytes"]
+    assert night_set["bpb"] > 0 and night_set["baseline_bpb"] > 0 and "delta_stderr" in night_set
+    assert sorted(p.name for p in night.holdout.iterdir()) == sorted(p.name for p in run.holdout.iterdir())
+    summary = json.loads(run.summary.read_text())
+    assert summary["eval"]["sets"]["night"]["all"] == night_set and summary["holdout"]["docs"] == m.holdout["docs"]

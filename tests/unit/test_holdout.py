@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,3 +56,29 @@ def test_a_holdout_share_over_the_limit_names_the_field_and_the_limit():
     with pytest.raises(ConfigError, match=r"eval.holdout_per_mille = 500: must be in \[0, 100\]"):
         parse_corpus({"name": "c", "source": {"uri": "/d"}, "tokenizer": {"path": "/t.json"},
                       "eval": {"holdout_per_mille": 500}})
+
+
+def test_forgetting_is_measured_on_the_latest_earlier_nights_of_the_lineage_that_kept_held_out_data(tmp_path,
+                                                                                                    monkeypatch):
+    import json
+
+    from stoker.layout import LineLayout
+    from stoker_airflow.evaluation import baseline_model, forgetting_sets
+
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
+    line = LineLayout.of("l")
+    lineage = [{"kind": "random"}, *({"ds": f"2026-12-0{d}", "corpus": c} for d, c in
+                                     ((1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "a")))]
+    for entry in lineage[1:]:
+        night = line.night(entry["ds"], entry["corpus"])
+        night.folder.mkdir(parents=True)
+        if entry["ds"] != "2026-12-03":  # a night of an earlier Stoker: nothing held out
+            (night.holdout / "part-00000.npz").parent.mkdir()
+    line.night("2026-12-05", "a").record.write_text(json.dumps({"lineage": lineage}))
+    got = forgetting_sets("l", "2026-12-05", "a", 2)
+    assert list(got) == ["forgetting:2026-12-04.a", "forgetting:2026-12-02.b"]  # newest first, itself left out
+    assert got["forgetting:2026-12-02.b"] == line.night("2026-12-02", "b").holdout
+    assert forgetting_sets("l", "2026-12-06", "a", 2) == {}  # a night not (yet) in the line
+    assert baseline_model({"kind": "night", "path": "/l/nights/x"}) == Path("/l/nights/x/hf")
+    assert baseline_model({"kind": "hf", "path": "/models/m"}) == Path("/models/m")
+    assert baseline_model({"kind": "random", "path": ""}) is None
