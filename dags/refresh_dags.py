@@ -105,7 +105,7 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
             world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic], poll_interval=2,
             timeout_s=cfg.train.timeout_s, log_keys=cfg.train.log_keys, retries=cfg.train.max_restarts,
             pool=line_pool(cfg.train.line), queue=cfg.train.queue, nodes=cfg.train.nodes,
-            launcher=cfg.train.launcher, node_shell=cfg.train.node_shell,
+            launcher=cfg.train.launcher, node_shell=cfg.train.node_shell, gate_task_id="training.evaluate",
             retry_delay=timedelta(seconds=cfg.train.restart_delay_s), retry_exponential_backoff=False,
             doc_md=("Launches the trainer detached (torchrun) and follows it, deferred, until it has consumed "
                     "the run (progress as % of the run's tokens). A trainer that dies fails this try within "

@@ -31,12 +31,26 @@ HOLDOUT_PER_MILLE_MAX = 100
 class EvalConfig:
     holdout_per_mille: int = 0
     """Documents per thousand held out of training (chosen by the digest of their text) and kept with the
-    night as its evaluation set; 0 holds none out. At most 100."""
+    night as its evaluation set; 0 holds none out (no evaluation, no gate). At most 100."""
+    max_regression: float = 0.01
+    """The gate: a night that continues the line's head becomes the head only if no figure (bits per byte on
+    its held-out documents, and on each earlier night's) is worse than the head's by more than
+    max(``gate_k`` x the paired standard error, this many bits per byte); else it is held."""
+    gate_k: float = 2.0
+    """Standard errors a figure may worsen by before the gate holds the night (see ``max_regression``)."""
+    forgetting_nights: int = 3
+    """Earlier nights of the lineage (the latest that kept held-out documents) the night is also scored on."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.holdout_per_mille <= HOLDOUT_PER_MILLE_MAX:
             raise _fail("eval.holdout_per_mille", self.holdout_per_mille,
                         f"must be in [0, {HOLDOUT_PER_MILLE_MAX}] (documents per thousand held out of training)")
+        if not 0 <= self.max_regression < 10:
+            raise _fail("eval.max_regression", self.max_regression, "must be in [0, 10) bits per byte")
+        if not 0 <= self.gate_k <= 10:
+            raise _fail("eval.gate_k", self.gate_k, "must be in [0, 10] standard errors")
+        if not 0 <= self.forgetting_nights <= 50:
+            raise _fail("eval.forgetting_nights", self.forgetting_nights, "must be in [0, 50] nights")
 
 
 def held_out(digest: bytes, per_mille: int) -> bool:

@@ -102,3 +102,16 @@ def give_back_lease(line: LineLayout, me: LeaseHolder) -> bool:
             return False
         lease_file(line).unlink()
         return True
+
+
+def hand_over_lease(line: LineLayout, me: LeaseHolder, task_id: str) -> bool:
+    """Pass the lease to another task of the same run (the train task, once its night joined the line, to the
+    task that gates it): no other night of the line may launch before the gate has decided what it continues.
+    A no-op when ``me`` does not hold it; True when handed over."""
+    with _Locked(line):
+        cur = lease_holder(line)
+        if cur is None or not cur.same_task(me):
+            return False
+        cur.task_id = task_id
+        atomic_write_json(lease_file(line), asdict(cur))
+        return True

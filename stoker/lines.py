@@ -25,6 +25,8 @@ A line is a sequence of trained nights ordered by date (``stoker.layout.LineLayo
   at each (re)launch, not once: between a failed try and its retry another night may have joined.
   A night whose planned parent changed restarts from the new parent (its checkpoints were trained
   from the old one).
+* **The gate.** A night held (or rolled back) after its evaluation (``stoker.gate``) stays in the line's
+  history but is never a parent: the head and every later night continue the last night not held.
 * **Agreement.** The corpus tokenizer must be the one the parent was trained with (sha256), or,
   for a Hugging Face start, fit the model (vocabulary, EOS and PAD ids): checked before Spark runs.
 
@@ -149,9 +151,15 @@ def same_night(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     return a is not None and b is not None and all(a.get(k) == b.get(k) for k in ("ds", "corpus", "seq"))
 
 
+def blessed(record: dict[str, Any]) -> bool:
+    """Whether a night may be continued: not held or rolled back by the gate (stoker.gate)."""
+    return (record.get("decision") or {}).get("decision") not in ("held", "rolled_back")
+
+
 def head(line: LineLayout) -> dict[str, Any] | None:
-    """The record of the night that joined last as the line's continuation, None before the first."""
-    heads = [r for r, _ in joined_nights(line) if r.get("parent", {}).get("role", "head") == "head"]
+    """The record of the night that joined last as the line's continuation (and was not held), None before
+    the first."""
+    heads = [r for r, _ in joined_nights(line) if r.get("parent", {}).get("role", "head") == "head" and blessed(r)]
     return heads[-1] if heads else None
 
 
@@ -163,7 +171,7 @@ def _holds(record: dict[str, Any], ds: str, corpus: str) -> bool:
 def plan(line: LineLayout, ds: str, corpus: str, init: str, older_nights: str) -> Parent:
     """The parent of night (``ds``, ``corpus``) and its role (see the module's rules); refuses a night
     the head cannot take if told to."""
-    others = [(r, n) for r, n in joined_nights(line) if (r["ds"], r.get("corpus")) != (ds, corpus)]
+    others = [(r, n) for r, n in joined_nights(line) if (r["ds"], r.get("corpus")) != (ds, corpus) and blessed(r)]
     heads = [(r, n) for r, n in others if r.get("parent", {}).get("role", "head") == "head"]
     top = heads[-1] if heads else None
     if top is not None and top[0]["ds"] <= ds and not _holds(top[0], ds, corpus):

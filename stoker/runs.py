@@ -128,9 +128,11 @@ def _line(files: Any, m: Any) -> dict[str, Any] | None:
     if not parent:
         return None
     night = LineLayout.of(parent["line"]).night(m.ds, m.corpus)
-    joined = (_read_json(night.record) or {}).get("topic") == m.topic
+    record = _read_json(night.record) or {}
+    joined = record.get("topic") == m.topic
     return {"line": parent["line"], "parent": parent, "joined": joined,
-            "card": str(night.card) if joined else None}
+            "card": str(night.card) if joined else None,
+            "decision": (record.get("decision") or {}).get("decision") if joined else None}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -186,6 +188,9 @@ def _render_eval(holdout: dict[str, Any] | None, ev: dict[str, Any] | None) -> l
         vs = (f"; was {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
               if "delta" in a else "")
         out.append(f"    {name:<15}{a['bpb']:.4f} bits/byte ± {a['stderr']:.4f} ({a['docs']} docs){vs}")
+    decision = (ev or {}).get("decision")
+    if decision:
+        out.append(f"  decision         {decision['decision']} by {decision['by']}: {decision['why']}")
     return out
 
 
@@ -196,6 +201,8 @@ def _render_line(line: dict[str, Any] | None) -> list[str]:
     of = f" of {p['corpus']}" if p.get("corpus") else ""
     start = f"night {p['ds']}{of}" if p["kind"] == "night" else p.get("path") or "random weights"
     role = "" if p.get("role", "head") == "head" else " (a branch: the head does not take it)"
+    if line.get("decision") in ("held", "rolled_back"):
+        role = f" ({line['decision']}: in its history, not its head; the next night continues the head)"
     state = f"joined{role}; model card {line['card']}" if line["joined"] else "not joined (training did not finish)"
     return [f"  model line       {line['line']}: continued {start}; {state}"]
 

@@ -178,3 +178,25 @@ def resume_step(out: Path) -> int:
 
     complete = complete_checkpoints(out / "checkpoints")
     return int(complete[-1].removeprefix("step")) if complete else 0
+
+
+def first_night(kafka_config: dict, sample_corpus: dict, tmp_path: Path, line: str, ds: str) -> str:
+    """Night ``ds`` of corpus and line ``line``, its first, trained on 200 of the sample's documents (60 sequences of
+    256) as the train task trains it, and joined to the line (any earlier folder of the line removed); its folder."""
+    import shutil
+
+    from stoker.layout import RunLayout
+    from stoker.lines import LineSettings
+    from stoker_airflow.lines import join_line, launch_parent, trainer_args
+    from stoker_local.sample import texts
+
+    settings = LineSettings(line=line)
+    shutil.rmtree(settings.layout.folder, ignore_errors=True)
+    run = RunLayout(tmp_path / "night1")
+    m = publish_text_run(kafka_config, sample_corpus["tokenizer"], list(texts(sample_corpus["data"]))[:200],
+                         run.run_dir, ds=ds, seq_len=256, max_sequences=60, corpus=line)
+    files = run.trainer(m.topic)
+    parent = launch_parent(settings, files, m)
+    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
+                 files.folder)
+    return str(join_line(settings, m, files).folder)

@@ -20,6 +20,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from stoker import paths
+from stoker.manifest import atomic_write_json
 
 
 def baseline_model(parent: dict[str, Any]) -> Path | None:
@@ -65,35 +66,71 @@ class NightEvalOperator(BaseOperator):
         from airflow.sdk.exceptions import AirflowSkipException
 
         from stoker.layout import RunLayout
+        from stoker.lines import LineSettings
         from stoker.manifest import read_manifest
         from stoker.plan import read_plan
+        from stoker_airflow.lines import give_back_line_lease
 
         m = read_manifest(self.manifest_path)
         run = RunLayout.of_manifest(self.manifest_path)
+        cfg = read_plan(run.plan).corpus if run.plan.is_file() else None
+        settings = LineSettings.of(cfg.train) if cfg is not None else None
         run.evaluation.unlink(missing_ok=True)  # an earlier try's figures are not this one's
-        if not m.holdout.get("docs"):
-            raise AirflowSkipException(f"{m.run_id}: no document was held out (eval.holdout_per_mille = "
-                                       f"{m.holdout.get('per_mille', 0)}): nothing to evaluate on")
+        try:
+            if not m.holdout.get("docs"):
+                raise AirflowSkipException(f"{m.run_id}: no document was held out (eval.holdout_per_mille = "
+                                           f"{m.holdout.get('per_mille', 0)}): nothing to evaluate on, no gate")
+            result = self.evaluate(m, run, settings.line if settings else None, cfg)
+            if settings is not None and cfg is not None:
+                result["decision"] = self.gate(m, run, settings, cfg, result)
+                atomic_write_json(run.evaluation, result)
+        finally:  # the lease the train task handed over: the line's next night may launch
+            if settings is not None:
+                give_back_line_lease(settings, m, context["ti"])
+        return {"decision": result.get("decision"), **{name: f["all"] for name, f in result["sets"].items()}}
+
+    def evaluate(self, m: Any, run: Any, line: str | None, cfg: Any) -> dict[str, Any]:
         files = run.trainer(m.topic)
         parent = json.loads(files.parent.read_text()) if files.parent.is_file() else {}
         baseline = baseline_model(parent)
         sets = {"night": run.holdout}
-        if run.plan.is_file():
-            sets.update(forgetting_sets(read_plan(run.plan).corpus.train.line, m.ds, m.corpus, self.forgetting_nights))
+        if line is not None:
+            count = cfg.eval.forgetting_nights if cfg is not None else self.forgetting_nights
+            sets.update(forgetting_sets(line, m.ds, m.corpus, count))
         cmd = [sys.executable, "-m", "training.evaluate", "--model", str(files.export), "--out", str(run.evaluation),
                *(["--baseline", str(baseline)] if baseline else []),
                *[a for name, folder in sets.items() for a in ("--set", f"{name}={folder}")]]
         self.log.info("evaluating %s against %s on %s", files.export, baseline or "no baseline (random init)",
                       ", ".join(sets))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        out = subprocess.run(cmd, cwd=paths.project_root(), env=env, capture_output=True, text=True,
-                             timeout=self.timeout_s)
+        out = subprocess.run(cmd, cwd=paths.project_root(), env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                             capture_output=True, text=True, timeout=self.timeout_s)
         if out.returncode != 0:
             raise RuntimeError(f"evaluation failed (exit {out.returncode}): {out.stderr[-3000:]}")
-        result = json.loads(run.evaluation.read_text())
+        result: dict[str, Any] = json.loads(run.evaluation.read_text())
         for name, figures in result["sets"].items():
             a = figures["all"]
             self.log.info("%s: %d docs, %.4f bits/byte ± %.4f%s", name, a["docs"], a["bpb"], a["stderr"],
-                          f"; baseline {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
+                          f"; blessed {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
                           if "delta" in a else "")
-        return {name: f["all"] for name, f in result["sets"].items()}
+        return result
+
+    def gate(self, m: Any, run: Any, settings: Any, cfg: Any, result: dict[str, Any]) -> dict[str, Any] | None:
+        """The decision on the joined night, recorded in the line (stoker.gate)."""
+        from stoker.gate import decide, record_decision
+        from stoker.lines import read_night
+
+        night = settings.layout.night(m.ds, m.corpus)
+        record = read_night(night) if night.record.is_file() else {}
+        if record.get("topic") != m.topic:
+            self.log.warning("night %s of %s is not in line %s: no decision", m.ds, m.corpus, settings.line)
+            return None
+        decision = decide(result, record.get("parent", {}).get("role", "head"), cfg.eval.gate_k,
+                          cfg.eval.max_regression)
+        record_decision(night, result, decision)
+        export_card = run.trainer(m.topic).export / "README.md"
+        if export_card.parent.is_dir():  # the run's own export carries the card too (a new file, never a link)
+            export_card.unlink(missing_ok=True)
+            export_card.write_text(night.card.read_text())
+        log = self.log.warning if decision["decision"] == "held" else self.log.info
+        log("night %s of %s: %s by the gate: %s", m.ds, m.corpus, decision["decision"], decision["why"])
+        return decision

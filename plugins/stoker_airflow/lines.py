@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import NightFiles, TrainerFiles
-from stoker.lease import LeaseHolder, give_back_lease, lease_file, take_lease
+from stoker.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_file, take_lease
 from stoker.lines import (
     LineSettings,
     Parent,
@@ -100,6 +100,12 @@ def give_back_line_lease(settings: LineSettings, manifest: Any, ti: Any) -> None
     if give_back_lease(settings.layout, lease_holder_of(ti, manifest)):
         log.info("line %s: night %s of %s gave back the training lease", settings.line, manifest.ds,
                  manifest.corpus)
+
+
+def hand_line_lease_to(settings: LineSettings, manifest: Any, ti: Any, task_id: str) -> None:
+    if hand_over_lease(settings.layout, lease_holder_of(ti, manifest), task_id):
+        log.info("line %s: night %s of %s hands the training lease to %s, which decides whether it is the head",
+                 settings.line, manifest.ds, manifest.corpus, task_id)
 
 
 def launch_parent(settings: LineSettings, files: TrainerFiles, manifest: Any) -> Parent:

@@ -19,6 +19,7 @@ from stoker_airflow.launcher import LOCAL_HOSTS, Placement
 from stoker_airflow.lines import (
     check_before_publish,
     give_back_line_lease,
+    hand_line_lease_to,
     init_args,
     join_line,
     launch_parent,
@@ -251,8 +252,10 @@ class DeepSpeedTrainOperator(BaseOperator):
                  launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
                  extra_args: list[str] | None = None, poll_interval: float = 5.0, timeout_s: float = 24 * 3600,
                  log_keys: bool = False, line: dict[str, str] | None = None, nodes: list[str] | None = None,
-                 node_shell: str = NODE_SHELL, **kwargs: Any) -> None:
+                 node_shell: str = NODE_SHELL, gate_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.gate_task_id = gate_task_id
+        """The task of this run that decides whether the joined night is the line's head: the lease goes to it."""
         if world_size < 1:
             raise ValueError(f"world_size = {world_size}: must be >= 1")
         if launcher not in ("torchrun", "deepspeed"):
@@ -354,7 +357,9 @@ class DeepSpeedTrainOperator(BaseOperator):
         if event["status"] == Status.CAUGHT_UP:
             holdout = RunLayout.of_manifest(self.manifest_path).holdout
             night = join_line(settings, m, launcher.files, holdout) if settings else None
-            if settings:
+            if settings and self.gate_task_id:  # no night of the line launches before the gate decided
+                hand_line_lease_to(settings, m, context["ti"], self.gate_task_id)
+            elif settings:
                 give_back_line_lease(settings, m, context["ti"])
             return {**launcher.describe(m.topic), "consumed": True, "line_night": str(night.folder) if night else None}
         why = lag_failure(event, m, consumer_group(m.topic), launcher.files, self.timeout_s)

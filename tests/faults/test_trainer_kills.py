@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fault_tools import assert_exactly_once  # tests/faults/fault_tools.py
+from trainer_tools import first_night
 
 from stoker import kafka as skafka
 from stoker.lag import compute_lag
@@ -107,31 +108,11 @@ def m_world(files: TrainerFiles) -> int:
     return int(json.loads(files.summary.read_text())["world_size"])
 
 
-def _night_one(kafka_config: dict, sample_corpus: dict, tmp_path: Path) -> str:
-    """Night 1 of the `trainkill` line (the day before), trained as the train task trains it."""
-    from trainer_tools import launch_trainer, publish_text_run, wait_trainer
-
-    from stoker.lines import LineSettings
-    from stoker_airflow.lines import join_line, launch_parent, trainer_args
-    from stoker_local.sample import texts
-
-    settings = LineSettings(line="trainkill")
-    shutil.rmtree(settings.layout.folder, ignore_errors=True)
-    run = RunLayout(tmp_path / "night1")
-    m = publish_text_run(kafka_config, sample_corpus["tokenizer"], list(texts(sample_corpus["data"]))[:200],
-                         run.run_dir, ds=NIGHT_ONE, seq_len=256, max_sequences=60, corpus="trainkill")
-    files = run.trainer(m.topic)
-    parent = launch_parent(settings, files, m)
-    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
-                 files.folder)
-    return str(join_line(settings, m, files).folder)
-
-
 def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_once(
         corpora, kafka_config, sample_corpus, airflow_db, tmp_path):
     run = RunLayout.of("trainkill", DS)
     shutil.rmtree(run.run_dir, ignore_errors=True)  # an earlier test run's trainer is not this one's
-    night_one = _night_one(kafka_config, sample_corpus, tmp_path)
+    night_one = first_night(kafka_config, sample_corpus, tmp_path, "trainkill", NIGHT_ONE)
     killer = _Killer(run)
     env = {**os.environ, "STOKER_CORPORA": str(corpora)}
     out = subprocess.run([sys.executable, "-c", DAG_TEST], cwd=REPO, env=env, capture_output=True, text=True,
@@ -171,3 +152,7 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     assert sorted(p.name for p in night.holdout.iterdir()) == sorted(p.name for p in run.holdout.iterdir())
     summary = json.loads(run.summary.read_text())
     assert summary["eval"]["sets"]["night"]["all"] == night_set and summary["holdout"]["docs"] == m.holdout["docs"]
+    # better than night 1 on its own held-out text: the gate makes it the line's head, and its card says so
+    assert night_set["delta"] < 0 and summary["eval"]["decision"]["decision"] == "promoted"
+    assert json.loads(night.record.read_text())["decision"]["decision"] == "promoted"
+    assert "Decision: **promoted** by gate" in night.card.read_text() == files.export.joinpath("README.md").read_text()

@@ -1,0 +1,84 @@
+"""The promotion gate: whether a night that continued the line's head may become its head.
+
+The evaluate task scores the night's model and the head it continued (the line's blessed model) on the same
+held-out documents: the night's own and each earlier night's (training/evaluate.py). Each figure's change is
+``candidate - blessed`` in bits per byte with the standard error of that paired difference. A figure
+*regresses* when its change exceeds ``max(eval.gate_k x stderr, eval.max_regression)``, or is not a number
+(a diverged model). No regression: ``promoted``. Otherwise ``held``: the night stays in the line's history
+with its figures and is never continued (:func:`stoker.lines.blessed`); the next night continues the head.
+
+A night with nothing to compare against (the line's first night from random weights) is promoted; a branch
+(a night the head could not take) is never the head and is not gated.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from stoker.layout import NightFiles
+from stoker.lines import read_night
+from stoker.manifest import atomic_write_json
+
+DECISIONS = ("promoted", "held", "rolled_back", "branch")
+
+
+def regressions(result: dict[str, Any], k: float, max_regression: float) -> list[dict[str, Any]]:
+    """The figures of an evaluation (``eval.json``) that regress against its baseline."""
+    out = []
+    for name, figures in sorted(result.get("sets", {}).items()):
+        a = figures["all"]
+        if "delta" not in a:
+            continue
+        se = a.get("delta_stderr")
+        bar = max(k * se if se is not None and math.isfinite(se) else 0.0, max_regression)
+        delta = a["delta"]
+        if not (isinstance(delta, float | int) and math.isfinite(delta)) or delta > bar:
+            out.append({"set": name, "bpb": a["bpb"], "blessed_bpb": a["baseline_bpb"], "change": delta,
+                        "stderr": se, "allowed": bar})
+    return out
+
+
+def decide(result: dict[str, Any], role: str, k: float, max_regression: float) -> dict[str, Any]:
+    """The gate's decision on an evaluation of a night whose planned role is ``role``."""
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    if role != "head":
+        return {"decision": "branch", "by": "gate", "at": at, "why": "a branch never becomes the head"}
+    if not result.get("baseline"):
+        return {"decision": "promoted", "by": "gate", "at": at,
+                "why": "no blessed model to compare with (the line's first night)"}
+    bad = regressions(result, k, max_regression)
+    rule = f"no figure worse by more than max({k:g} x stderr, {max_regression:g}) bits per byte"
+    if bad:
+        worst = max(bad, key=lambda r: r["change"] if math.isfinite(r["change"]) else math.inf)
+        return {"decision": "held", "by": "gate", "at": at, "rule": rule, "regressions": bad,
+                "why": f"{worst['set']}: {worst['bpb']:.4f} bits/byte vs the blessed {worst['blessed_bpb']:.4f} "
+                       f"(change {worst['change']:+.4f}, allowed {worst['allowed']:.4f})"}
+    return {"decision": "promoted", "by": "gate", "at": at, "rule": rule, "why": "no figure regressed"}
+
+
+def eval_table(result: dict[str, Any], decision: dict[str, Any]) -> str:
+    """The model card's evaluation section: each figure, the blessed model's, the decision and who made it."""
+    lines = ["## Evaluation on held-out documents (bits per byte, lower is better)", "",
+             "| set | documents | this night | blessed | change |", "|---|---|---|---|---|"]
+    for name, figures in result.get("sets", {}).items():
+        a = figures["all"]
+        was = f"{a['baseline_bpb']:.4f} ± {a['baseline_stderr']:.4f}" if "baseline_bpb" in a else "-"
+        change = f"{a['delta']:+.4f} ± {a['delta_stderr']:.4f}" if "delta" in a else "-"
+        lines.append(f"| {name} | {a['docs']} | {a['bpb']:.4f} ± {a['stderr']:.4f} | {was} | {change} |")
+    lines += ["", f"Decision: **{decision['decision']}** by {decision['by']} on {decision['at']}: {decision['why']}.",
+              ""]
+    return "\n".join(lines)
+
+
+def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[str, Any]) -> None:
+    """The decision into the night's record (what :func:`stoker.lines.blessed` reads) and its model card."""
+    record = read_night(night)
+    record["decision"] = decision
+    record["eval"] = {name: f["all"] for name, f in result.get("sets", {}).items()}
+    atomic_write_json(night.record, record)
+    card = night.card.read_text() if night.card.is_file() else ""
+    card = card.split("## Evaluation on held-out documents", 1)[0].rstrip("\n") + "\n\n"
+    night.card.unlink(missing_ok=True)  # a new file: the card may be a hard link into the run's export
+    night.card.write_text(card + eval_table(result, decision))

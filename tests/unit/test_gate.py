@@ -1,0 +1,74 @@
+"""The promotion gate (stoker/gate.py): the decision from an evaluation, a held night never continued, the
+line's lease handed from the train task to the task that decides."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_line_rules import _join  # tests/unit/test_line_rules.py
+
+from stoker.gate import decide, record_decision, regressions
+from stoker.layout import LineLayout
+from stoker.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_holder, take_lease
+from stoker.lines import blessed, head, plan, read_night
+
+pytestmark = pytest.mark.unit
+
+
+def _result(**sets: tuple[float, float, float]) -> dict:
+    """An evaluation: per set, (candidate bpb, blessed bpb, paired stderr of the change)."""
+    return {"baseline": "/line/nights/x/hf", "sets": {
+        name: {"all": {"docs": 20, "bpb": c, "stderr": 0.05, "baseline_bpb": b, "baseline_stderr": 0.05,
+                       "delta": c - b, "delta_stderr": se}} for name, (c, b, se) in sets.items()}}
+
+
+def test_a_night_is_held_when_a_figure_is_worse_by_more_than_its_noise_or_the_floor():
+    clean = _result(night=(2.10, 2.30, 0.02), **{"forgetting:2026-12-01.a": (2.41, 2.40, 0.01)})
+    assert decide(clean, "head", 2.0, 0.01)["decision"] == "promoted"  # +0.01: within 2 x 0.01
+    forgot = _result(night=(2.10, 2.30, 0.02), **{"forgetting:2026-12-01.a": (2.60, 2.40, 0.01)})
+    held = decide(forgot, "head", 2.0, 0.01)
+    assert held["decision"] == "held" and [r["set"] for r in held["regressions"]] == ["forgetting:2026-12-01.a"]
+    assert "forgetting:2026-12-01.a: 2.6000 bits/byte vs the blessed 2.4000" in held["why"]
+    # the floor: a tiny but certain change is not a regression; a noisy big one is
+    assert decide(_result(night=(2.305, 2.30, 0.0001)), "head", 2.0, 0.01)["decision"] == "promoted"
+    assert decide(_result(night=(2.50, 2.30, 0.15)), "head", 2.0, 0.01)["decision"] == "promoted"
+    assert decide(_result(night=(2.70, 2.30, 0.15)), "head", 2.0, 0.01)["decision"] == "held"
+    # a diverged model (no number) is held; nothing to compare with is promoted; a branch is not gated
+    assert regressions(_result(night=(math.nan, 2.3, math.nan)), 2.0, 0.01)[0]["set"] == "night"
+    assert decide({"baseline": None, "sets": {"night": {"all": {"bpb": 3.0}}}}, "head", 2.0, 0.01)["decision"] == \
+        "promoted"
+    assert decide(forgot, "branch", 2.0, 0.01)["decision"] == "branch"
+
+
+def test_a_held_night_stays_in_the_history_and_the_next_night_continues_the_blessed_head(tmp_path):
+    line = LineLayout(tmp_path / "l")
+    _join(line, tmp_path, "2026-12-01")
+    _join(line, tmp_path, "2026-12-02")
+    night = line.night("2026-12-02", "c")
+    result = _result(night=(4.0, 2.3, 0.05))
+    record_decision(night, result, decide(result, "head", 2.0, 0.01))
+    assert not blessed(read_night(night)) and read_night(night)["eval"]["night"]["bpb"] == 4.0
+    assert "Decision: **held** by gate" in night.card.read_text() and "| night | 20 | 4.0000" in night.card.read_text()
+    assert [n.folder.name for n in line.nights()] == ["2026-12-01.c", "2026-12-02.c"]  # still in the history
+    assert head(line)["ds"] == "2026-12-01"
+    nxt = plan(line, "2026-12-03", "c", "random", "branch")
+    assert (nxt.ds, nxt.role) == ("2026-12-01", "head")
+    # a decision made again (a re-run of the task) replaces the card's table, never appends a second one
+    record_decision(night, result, decide(result, "head", 2.0, 0.01))
+    assert night.card.read_text().count("## Evaluation on held-out documents") == 1
+
+
+def test_the_train_task_hands_the_lines_lease_to_the_task_that_decides(tmp_path):
+    line = LineLayout(tmp_path / "l")
+    train = LeaseHolder(dag_id="refresh_c", run_id="r1", task_id="training.train", corpus="c", ds="2026-12-02",
+                        topic="t")
+    assert take_lease(line, train, lambda h: True) is None
+    assert hand_over_lease(line, train, "training.evaluate")
+    gate = LeaseHolder(dag_id="refresh_c", run_id="r1", task_id="training.evaluate", corpus="c", ds="2026-12-02",
+                       topic="t")
+    other = LeaseHolder(dag_id="refresh_c", run_id="r2", task_id="training.train", corpus="c", ds="2026-12-03",
+                        topic="u")
+    assert take_lease(line, other, lambda h: True).task_id == "training.evaluate"  # the next night waits
+    assert not give_back_lease(line, train) and give_back_lease(line, gate) and lease_holder(line) is None
+    assert take_lease(line, other, lambda h: True) is None
