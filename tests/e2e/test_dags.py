@@ -118,7 +118,12 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     assert json.loads(RunLayout(run_dir).trainer(m.topic).phase.read_text())["phase"] == "reading the first batch"
     cli = subprocess.run([sys.executable, "-m", "stoker_local.cli", "runs", "show", "sample/2026-12-01", "--json"],
                          capture_output=True, text=True, check=True, env=os.environ.copy())
-    assert json.loads(cli.stdout)["docs_kept"] == m.docs_kept
+    shown = json.loads(cli.stdout)
+    assert shown["docs_kept"] == m.docs_kept
+    # 5 documents a thousand held out and scored; the line's first night (random weights) has nothing to beat
+    night = shown["eval"]["sets"]["night"]["all"]
+    assert night["docs"] == m.holdout["docs"] > 0 and 0 < night["bpb"] < 20 and "delta" not in night
+    assert shown["eval"]["decision"]["decision"] == "promoted"
 
 
 DAG_TEST_S3 = """
@@ -266,7 +271,7 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
     corpora = tmp_path / "corpora"  # the sample, holding out 2% of its documents
     corpora.mkdir()
     (corpora / "sample.yaml").write_text((REPO / "corpora" / "sample.yaml").read_text()
-                                         + "eval:\n  holdout_per_mille: 20\n")
+                                         .replace("holdout_per_mille: 5", "holdout_per_mille: 20"))
 
     def publish(ds: str, env: dict[str, str]) -> Any:
         out = subprocess.run([sys.executable, "-c", DAG_TEST_PUBLISH, ds], cwd=REPO, capture_output=True,

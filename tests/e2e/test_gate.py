@@ -44,7 +44,7 @@ def test_a_night_trained_at_100_times_the_learning_rate_is_held_and_the_head_sta
                      ("world_size: 2", "world_size: 1")):
         assert old in text, old
         text = text.replace(old, new)
-    (corpora / "sabotage.yaml").write_text(text + "eval:\n  holdout_per_mille: 20\n")
+    (corpora / "sabotage.yaml").write_text(text.replace("holdout_per_mille: 5", "holdout_per_mille: 20"))
     run = RunLayout.of("sabotage", "2026-12-11")
     shutil.rmtree(run.run_dir, ignore_errors=True)
     out = subprocess.run([sys.executable, "-c", DAG_TEST], cwd=REPO, capture_output=True, text=True, timeout=900,

@@ -79,6 +79,7 @@ def test_the_command_scores_a_model_folder_against_a_baseline(model, tmp_path):
 
     rng = np.random.default_rng(3)
     folder = _held_out_set(tmp_path, [rng.integers(2, VOCAB, n).tolist() for n in (12, 30, 7)], ["s"] * 3)
+    HoldoutPart(packer=Packer(SEQ_LEN, EOS, PAD)).write(folder, 1, "uint16")  # a task that held out nothing
     model.save_pretrained(tmp_path / "hf", safe_serialization=True)
     assert main(["--model", str(tmp_path / "hf"), "--baseline", str(tmp_path / "hf"), "--set", f"night={folder}",
                  "--out", str(tmp_path / "eval.json")]) == 0
