@@ -100,7 +100,7 @@ def all_keys(m: Manifest) -> list[str]:
 def launch_trainer(manifest_path: Path, out: Path, kafka_config: dict, nproc: int, *extra: str) -> subprocess.Popen:
     """``torchrun`` of training/train.py in a session of its own, logging every step's keys."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STOKER_KAFKA_CONFIG": json.dumps(kafka_config),
-           "TORCH_EXTENSIONS_DIR": str(paths.torch_extensions_dir())}
+           **paths.torch_build_env()}
     from stoker_local.servers import free_ports
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",

@@ -189,9 +189,7 @@ class TrainerLauncher:
         cmds: list[list[str]] = cmd if cmd and isinstance(cmd[0], list) else [cmd]  # type: ignore[list-item]
         threads = max(1, (os.cpu_count() or 1) // world_size)
         full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
-                    TAG_VAR: str(f.folder),
-                    "TORCH_EXTENSIONS_DIR": str(paths.torch_extensions_dir()),
-                    **env}
+                    TAG_VAR: str(f.folder), **paths.torch_build_env(), **env}
         # the shell records the launchers' exit code; it runs in a session of its own (the process
         # record's group), so stopping it stops every launcher and every rank
         f.heartbeat.unlink(missing_ok=True)  # an earlier life's beats are not this one's

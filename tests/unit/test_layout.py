@@ -185,3 +185,30 @@ def test_each_python_environment_builds_its_torch_ops_in_a_folder_of_its_own(mon
     assert mine.parent == theirs.parent == tmp_path / "torch-extensions" and mine != theirs
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "chosen"))
     assert paths.torch_extensions_dir() == tmp_path / "chosen"
+
+
+
+def test_every_trainer_builds_its_torch_ops_with_the_environments_own_ninja(monkeypatch, tmp_path):
+    # the stack's services run with PATH=/usr/bin:/bin (the system's ninja 1.11), the suite and `make run`
+    # with the venv's bin first (ninja 1.13): the two hash a command differently, so each trainer rebuilt
+    # DeepSpeed's shm op the other had built (30-50 s a start)
+    from stoker import paths
+
+    env_bin = str(Path(sys.executable).parent)
+    build = paths.torch_build_env({"PATH": f"/usr/bin:/bin:{env_bin}"})
+    assert build["PATH"] == f"{env_bin}:/usr/bin:/bin" and build["TORCH_EXTENSIONS_DIR"]
+    # the launcher hands that to the ranks, whatever PATH its own process has
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    files = TrainerFiles(tmp_path / "t")
+    launcher = TrainerLauncher(files)
+    seen = tmp_path / "path.txt"
+    cmd = [sys.executable, "-c", f"import os, shutil; open({str(seen)!r}, 'w').write(os.environ['PATH'] + "
+           "'|' + str(shutil.which('ninja')))"]
+    launcher.start(_manifest("x"), cmd, {}, world_size=1)
+    deadline = time.monotonic() + 30
+    while launcher.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    path, ninja = seen.read_text().split("|")
+    assert path.split(":")[0] == env_bin
+    if (Path(env_bin) / "ninja").exists():  # the environment's own, as `pip install deepspeed` left it
+        assert ninja == str(Path(env_bin) / "ninja")
