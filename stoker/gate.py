@@ -17,11 +17,14 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from stoker.layout import NightFiles
-from stoker.lines import read_night
+from stoker.exceptions import StokerError
+from stoker.layout import LineLayout, NightFiles
+from stoker.lines import head, joined_nights, read_night, same_night
 from stoker.manifest import atomic_write_json
 
 DECISIONS = ("promoted", "held", "rolled_back", "branch")
+CHOICES = {"promote": "promoted", "hold": "held", "roll-back": "rolled_back"}
+"""What a person may decide on a gated night (`stoker lines decide`, `stoker refresh --decision`)."""
 
 
 def regressions(result: dict[str, Any], k: float, max_regression: float) -> list[dict[str, Any]]:
@@ -75,6 +78,8 @@ def eval_table(result: dict[str, Any], decision: dict[str, Any]) -> str:
 def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[str, Any]) -> None:
     """The decision into the night's record (what :func:`stoker.lines.blessed` reads) and its model card."""
     record = read_night(night)
+    if record.get("decision") and record["decision"].get("by") != decision.get("by"):
+        decision = {**decision, "previous": record["decision"]}  # a person overruling the gate: both kept
     record["decision"] = decision
     record["eval"] = {name: f["all"] for name, f in result.get("sets", {}).items()}
     atomic_write_json(night.record, record)
@@ -82,3 +87,36 @@ def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[st
     card = card.split("## Evaluation on held-out documents", 1)[0].rstrip("\n") + "\n\n"
     night.card.unlink(missing_ok=True)  # a new file: the card may be a hard link into the run's export
     night.card.write_text(card + eval_table(result, decision))
+
+
+def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str, why: str = "") -> dict[str, Any]:
+    """A person's decision on a gated night of ``line``: ``promote`` a held night (it becomes the head: no night
+    may have continued the line since), ``hold`` it (confirm the gate), ``roll-back`` a held night or the
+    promoted head (the head returns to the blessed night before it). Recorded with who and when, the gate's
+    decision kept as ``previous``; the model card's table says it. Refused, with why, otherwise."""
+    if choice not in CHOICES:
+        raise StokerError(f"decision {choice!r}: choose one of {', '.join(CHOICES)}")
+    night = line.night(ds, corpus)
+    if not night.record.is_file():
+        raise StokerError(f"line {line.name} has no night {ds}.{corpus}: `stoker lines show {line.name}` lists them")
+    record = read_night(night)
+    now = (record.get("decision") or {}).get("decision")
+    if now is None or now == "branch":
+        raise StokerError(f"night {ds}.{corpus} of line {line.name} was not gated ({now or 'no evaluation'}): only "
+                          "a night that continued the head (and kept held-out data) has a decision to change")
+    later = [r for r, _ in joined_nights(line) if r.get("seq", 0) > record.get("seq", 0)
+             and r.get("parent", {}).get("role", "head") == "head" and (r.get("decision") or {}).get(
+                 "decision") != "held"]
+    if choice == "promote" and later:
+        raise StokerError(f"night {ds}.{corpus} cannot become line {line.name}'s head: night {later[-1]['ds']}."
+                          f"{later[-1].get('corpus')} continued the line after it; train a new night instead")
+    if choice == "roll-back" and now == "promoted" and not same_night(head(line), record):
+        raise StokerError(f"night {ds}.{corpus} is not line {line.name}'s head (a later night continued it): roll "
+                          "back the head first")
+    if choice == "hold" and now != "held":
+        raise StokerError(f"night {ds}.{corpus} is {now}, not held: `roll-back` takes a promoted head back")
+    decision = {"decision": CHOICES[choice], "by": who, "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "why": why or f"{choice} by {who}"}
+    result = {"sets": {name: {"all": figures} for name, figures in record.get("eval", {}).items()}}
+    record_decision(night, result, decision)
+    return read_night(night)["decision"]

@@ -152,6 +152,19 @@ def _lines(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decide(args: argparse.Namespace) -> int:
+    import getpass
+
+    from stoker.gate import human_decision
+    from stoker.layout import LineLayout
+
+    ds, _, corpus = args.night.partition(".")
+    decision = human_decision(LineLayout.of(args.line), ds, corpus or args.line, args.choice,
+                              f"{getpass.getuser()} (stoker lines decide)", args.why or "")
+    print(f"night {ds}.{corpus or args.line} of line {args.line}: {decision['decision']} by {decision['by']}")
+    return 0
+
+
 def _check(args: argparse.Namespace) -> int:
     from stoker import check
     from stoker.sources import S3Settings
@@ -229,6 +242,9 @@ def _add_run_commands(sub: Any) -> None:
                    help="a run param for this night only (docs/config.md, Run params), e.g. seq_len=512; checked "
                         "before anything starts")
     r.add_argument("--verbose", "-v", action="store_true", help="stream Airflow's, Spark's and the trainer's logs")
+    r.add_argument("--decision", choices=("promote", "hold", "roll-back"), default="hold",
+                   help="what to do with the night if the gate holds it (a figure regressed): the figures are "
+                        "printed, nothing waits for an answer (default: hold; `stoker lines decide` later)")
     r.set_defaults(fn=refresh)
     c = sub.add_parser("check", help="check a corpus and night before anything starts: config, recipe, tokenizer, "
                        "model line, source and drop, Kafka (seconds; exit 1 when something must be fixed)")
@@ -263,6 +279,13 @@ def _add_run_commands(sub: Any) -> None:
     ls.add_argument("line")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(fn=_lines)
+    dec = lines_sub.add_parser("decide", help="a person's decision on a gated night: promote a held night, hold "
+                               "it, or roll back a held night or the head (the head returns to the night before)")
+    dec.add_argument("line")
+    dec.add_argument("night", help="<YYYY-MM-DD>.<corpus> (or <YYYY-MM-DD> when the corpus is named as the line)")
+    dec.add_argument("choice", choices=("promote", "hold", "roll-back"))
+    dec.add_argument("--why", help="recorded with the decision and shown on the model card")
+    dec.set_defaults(fn=_decide)
 
 
 def main(argv: list[str] | None = None) -> int:

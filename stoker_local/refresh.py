@@ -49,7 +49,7 @@ def refresh(args: argparse.Namespace) -> int:
     from stoker_local import services
 
     if services.scheduler_up():
-        return _refresh_on_stack(args.corpus, ds, conf, run)
+        return _refresh_on_stack(args.corpus, ds, conf, run, getattr(args, "decision", "hold"))
     log = run.logs / f"refresh-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     since = time.time()
     kbroker.up()
@@ -82,10 +82,37 @@ def refresh(args: argparse.Namespace) -> int:
     print(runs.render(runs.summary(run.run_dir)))
     if not args.verbose:
         print(f"  logs             {log}")
+    apply_decision(run, getattr(args, "decision", "hold"))
     return 0
 
 
-def _refresh_on_stack(corpus: str, ds: str, conf: dict[str, Any], run: RunLayout) -> int:
+def apply_decision(run: RunLayout, choice: str) -> None:
+    """A night the gate held: the ``--decision`` given on the command line (default hold), never a question on
+    the terminal; the figures that stopped it were printed with the summary."""
+    import getpass
+
+    from stoker.gate import human_decision
+    from stoker.layout import LineLayout
+    from stoker.manifest import read_manifest
+    from stoker.plan import read_plan
+
+    if not run.evaluation.is_file():
+        return
+    decision = json.loads(run.evaluation.read_text()).get("decision") or {}
+    if decision.get("decision") != "held":
+        return
+    m = read_manifest(run.run_dir)
+    line = read_plan(run.plan).corpus.train.line or m.corpus
+    print(f"held by the gate: {decision.get('why')}")
+    if choice == "hold":
+        print(f"  the line's head stays; to promote it anyway: stoker lines decide {line} {m.ds}.{m.corpus} promote")
+        return
+    done = human_decision(LineLayout.of(line), m.ds, m.corpus, choice, f"{getpass.getuser()} (stoker refresh "
+                          f"--decision {choice})")
+    print(f"  --decision {choice}: night {m.ds}.{m.corpus} of line {line} is now {done['decision']}")
+
+
+def _refresh_on_stack(corpus: str, ds: str, conf: dict[str, Any], run: RunLayout, decision: str) -> int:
     """The stack is up: its scheduler runs the night; this terminal follows it (stoker_local/stack_refresh.py)."""
     import time
 
@@ -115,6 +142,7 @@ def _refresh_on_stack(corpus: str, ds: str, conf: dict[str, Any], run: RunLayout
     print()
     print(runs.render(runs.summary(run.run_dir)))
     print(f"  in the UI        {page}")
+    apply_decision(run, decision)
     return 0
 
 

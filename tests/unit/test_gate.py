@@ -8,7 +8,8 @@ import math
 import pytest
 from test_line_rules import _join  # tests/unit/test_line_rules.py
 
-from stoker.gate import decide, record_decision, regressions
+from stoker.exceptions import StokerError
+from stoker.gate import decide, human_decision, record_decision, regressions
 from stoker.layout import LineLayout
 from stoker.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_holder, take_lease
 from stoker.lines import blessed, head, plan, read_night
@@ -57,6 +58,49 @@ def test_a_held_night_stays_in_the_history_and_the_next_night_continues_the_bles
     # a decision made again (a re-run of the task) replaces the card's table, never appends a second one
     record_decision(night, result, decide(result, "head", 2.0, 0.01))
     assert night.card.read_text().count("## Evaluation on held-out documents") == 1
+
+
+def _gated(line: LineLayout, tmp_path, ds: str, bpb: float) -> None:
+    """Night ds joined and decided by the gate against a blessed 2.3 bits per byte."""
+    _join(line, tmp_path, ds)
+    result = _result(night=(bpb, 2.3, 0.05))
+    record_decision(line.night(ds, "c"), result, decide(result, "head", 2.0, 0.01))
+
+
+def test_a_person_promotes_a_held_night_or_rolls_back_the_head_and_the_gates_decision_is_kept(tmp_path):
+    line = LineLayout(tmp_path / "l")
+    _join(line, tmp_path, "2026-12-01")
+    _gated(line, tmp_path, "2026-12-02", 2.6)  # held
+    assert head(line)["ds"] == "2026-12-01"
+    with pytest.raises(StokerError, match="was not gated"):
+        human_decision(line, "2026-12-01", "c", "hold", "ann")  # the first night: nothing to compare with
+    done = human_decision(line, "2026-12-02", "c", "promote", "ann (stoker lines decide)", "known shift in the data")
+    assert done["decision"] == "promoted" and done["previous"]["decision"] == "held" and done["by"].startswith("ann")
+    assert head(line)["ds"] == "2026-12-02"
+    card = line.night("2026-12-02", "c").card.read_text()
+    assert "Decision: **promoted** by ann (stoker lines decide)" in card and "known shift" in card
+    # and back: the head rolled back, the line continues the night before it
+    assert human_decision(line, "2026-12-02", "c", "roll-back", "bob")["decision"] == "rolled_back"
+    assert head(line)["ds"] == "2026-12-01"
+    assert (plan(line, "2026-12-03", "c", "random", "branch").ds) == "2026-12-01"
+
+
+def test_a_held_night_cannot_be_promoted_once_the_line_moved_on(tmp_path):
+    line = LineLayout(tmp_path / "l")
+    _join(line, tmp_path, "2026-12-01")
+    _gated(line, tmp_path, "2026-12-02", 2.6)  # held
+    _gated(line, tmp_path, "2026-12-03", 2.2)  # continued 12-01, promoted
+    with pytest.raises(StokerError, match="2026-12-03.c continued the line after it"):
+        human_decision(line, "2026-12-02", "c", "promote", "ann")
+    with pytest.raises(StokerError, match="choose one of promote, hold, roll-back"):
+        human_decision(line, "2026-12-02", "c", "approve", "ann")
+    with pytest.raises(StokerError, match="is promoted, not held"):
+        human_decision(line, "2026-12-03", "c", "hold", "ann")
+    assert human_decision(line, "2026-12-02", "c", "roll-back", "ann")["decision"] == "rolled_back"  # held: fine
+    assert head(line)["ds"] == "2026-12-03"
+    _gated(line, tmp_path, "2026-12-04", 2.2)  # continued 12-03
+    with pytest.raises(StokerError, match="is not line l's head"):
+        human_decision(line, "2026-12-03", "c", "roll-back", "ann")
 
 
 def test_the_train_task_hands_the_lines_lease_to_the_task_that_decides(tmp_path):
