@@ -48,7 +48,7 @@ def torch_build_env(base: dict[str, str] | None = None) -> dict[str, str]:
     Two ninja versions hash a build's command differently (1.11 and 1.13 do), so a trainer started with the
     system's ninja and the next with the environment's rebuilt each other's ops (30-50 s) each time."""
     path = (os.environ if base is None else base).get("PATH", os.defpath)
-    env_bin = str(Path(sys.executable).parent)
+    env_bin = str(Path(sys.executable).absolute().parent)  # absolute: torch runs ninja in the build folder
     rest = [p for p in path.split(os.pathsep) if p and p != env_bin]
     return {"TORCH_EXTENSIONS_DIR": str(torch_extensions_dir()), "PATH": os.pathsep.join([env_bin, *rest])}
 

@@ -20,7 +20,7 @@ SPARK_MASTER = "local[*,4]"
 def airflow_env(kafka_bootstrap: str | None = None) -> dict[str, str]:
     home = paths.state_dir() / "airflow"
     root = paths.project_root()
-    venv_bin = str(Path(sys.executable).parent)
+    venv_bin = str(Path(sys.executable).absolute().parent)
     bootstrap = kafka_bootstrap or os.environ.get("STOKER_KAFKA_BOOTSTRAP") or default_broker().bootstrap
     env = {
         "STOKER_HOME": str(paths.state_dir()),

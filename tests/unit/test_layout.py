@@ -194,7 +194,7 @@ def test_every_trainer_builds_its_torch_ops_with_the_environments_own_ninja(monk
     # DeepSpeed's shm op the other had built (30-50 s a start)
     from stoker import paths
 
-    env_bin = str(Path(sys.executable).parent)
+    env_bin = str(Path(sys.executable).absolute().parent)
     build = paths.torch_build_env({"PATH": f"/usr/bin:/bin:{env_bin}"})
     assert build["PATH"] == f"{env_bin}:/usr/bin:/bin" and build["TORCH_EXTENSIONS_DIR"]
     # the launcher hands that to the ranks, whatever PATH its own process has
