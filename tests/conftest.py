@@ -25,10 +25,6 @@ TEST_STATE = Path(os.environ.get("STOKER_TEST_HOME", REPO / ".stoker" / "test"))
 TEST_KAFKA_PORT = 29192
 
 os.environ["STOKER_HOME"] = str(TEST_STATE)
-# runs and model lines start empty every session: a second `make test` must not find the first's lines
-# (a night of a line that already has it is planned as a branch, not as the line's first night)
-for _left_over in ("runs", "lines"):
-    shutil.rmtree(TEST_STATE / _left_over, ignore_errors=True)
 os.environ["STOKER_PROJECT"] = str(REPO)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _BOOTSTRAP = os.environ.get("STOKER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{TEST_KAFKA_PORT}"
@@ -36,6 +32,15 @@ _BOOTSTRAP = os.environ.get("STOKER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{TEST_KAFKA
 from stoker_local.airflow_env import airflow_env  # noqa: E402
 
 os.environ.update(airflow_env(_BOOTSTRAP))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Runs and model lines start empty in a session that runs more than unit tests: a second `make test`
+    must not find the first's lines (a night of a line that already has it is planned as a branch, not as
+    the line's first night). A unit-only session (`make test-unit`, beside a running suite) leaves them."""
+    if any(item.get_closest_marker("unit") is None for item in items):
+        for left_over in ("runs", "lines"):
+            shutil.rmtree(TEST_STATE / left_over, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
