@@ -128,6 +128,12 @@ class TrainerFiles:
         return self.folder / "trainer_phase.json"
 
     @property
+    def evaluation(self) -> Path:
+        """Rank 0's scores of the exported model (and the one it continued) on the night's held-out sets, right
+        after the export, in the trainer's process (training/evaluate.py); the evaluate task takes them."""
+        return self.folder / "eval.json"
+
+    @property
     def failure(self) -> Path:
         """Written by a rank that failed in a way no relaunch can fix (``{"reason", "message"}``: data
         that retention deleted before it was read, say); the train task then fails for good."""

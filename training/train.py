@@ -87,7 +87,27 @@ def main(argv: list[str] | None = None) -> int:
         raise
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: summary.get(k) for k in ("steps", "first_loss", "last_loss", "export")}))
+        _evaluate(args)
     return 0
+
+
+def _evaluate(args: TrainArgs) -> None:
+    """The night's held-out scores while torch and transformers are loaded (training/evaluate.py); a failure
+    here only costs the evaluate task its own process."""
+    import torch
+
+    from training.evaluate import evaluate_night
+
+    log = logging.getLogger("stoker.train")
+    torch.set_num_threads(max(1, os.cpu_count() or 1))  # the other ranks are done: rank 0 has the machine
+    try:
+        result = evaluate_night(args.manifest, args.out)
+    except Exception:  # noqa: BLE001 - the model is trained and exported; the evaluate task scores it itself
+        log.warning("scoring the held-out sets failed; the evaluate task will score them", exc_info=True)
+        return
+    if result is not None:
+        log.info("held-out scores of %s in %.1f s: %s", result["model"], result["seconds"],
+                 ", ".join(f"{k} {v['all']['bpb']:.4f}" for k, v in result["sets"].items()))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The night's evaluation task: the night's model and the model it continued, scored on the same held-out
-documents (training/evaluate.py, run as a subprocess where the task runs: the ``train.queue`` worker).
+documents (training/evaluate.py). The trainer scores them right after its export, while torch is loaded
+(its ``eval.json``); this task takes those figures when they are of this export, this baseline and these
+sets, and otherwise scores in a process of its own where it runs (the ``train.queue`` worker).
 
 Sets: ``night`` (this night's held-out documents) and ``forgetting:<ds>.<corpus>`` for the line's earlier
 nights that kept theirs (the latest ``forgetting_nights`` of the night's lineage): what this night cost the
@@ -23,30 +25,18 @@ from stoker import paths
 from stoker.manifest import atomic_write_json
 
 
-def baseline_model(parent: dict[str, Any]) -> Path | None:
-    """The Hugging Face folder of what the night continued: a night of the line, or a given HF model."""
-    from stoker.layout import NightFiles
-
-    if parent.get("kind") == "night":
-        return NightFiles(Path(parent["path"])).model
-    return Path(parent["path"]) if parent.get("kind") == "hf" else None
-
-
-def forgetting_sets(line: str, ds: str, corpus: str, count: int) -> dict[str, Path]:
-    """The held-out folders of the latest ``count`` earlier nights in this night's lineage that kept one."""
-    from stoker.layout import LineLayout
-
-    layout = LineLayout.of(line)
-    record = layout.night(ds, corpus).record
-    lineage = json.loads(record.read_text()).get("lineage", []) if record.is_file() else []
-    out: dict[str, Path] = {}
-    for entry in reversed(lineage):
-        if not entry.get("ds") or (entry.get("ds"), entry.get("corpus")) == (ds, corpus):
-            continue  # the init (random or HF) and this night itself
-        held = layout.night(entry["ds"], entry.get("corpus", "")).holdout
-        if held.is_dir() and len(out) < count:
-            out[f"forgetting:{entry['ds']}.{entry.get('corpus', '')}"] = held
-    return out
+def trainer_scores(files: Any, sets: dict[str, Path], baseline: Path | None) -> dict[str, Any] | None:
+    """The scores the trainer wrote right after its export (training/evaluate.py's ``evaluate_night``), when
+    they are of this export (not older than it), against this baseline, on exactly these sets."""
+    try:
+        result: dict[str, Any] = json.loads(files.evaluation.read_text())
+        fresh = files.evaluation.stat().st_mtime >= (files.export / "config.json").stat().st_mtime
+    except (OSError, ValueError):
+        return None
+    same = (result.get("model") == str(files.export) and result.get("baseline") == (str(baseline) if baseline
+            else None) and {k: v.get("path") for k, v in result.get("sets", {}).items()} ==
+            {k: str(v) for k, v in sets.items()})
+    return result if fresh and same else None
 
 
 class NightEvalOperator(BaseOperator):
@@ -90,13 +80,31 @@ class NightEvalOperator(BaseOperator):
         return {"decision": result.get("decision"), **{name: f["all"] for name, f in result["sets"].items()}}
 
     def evaluate(self, m: Any, run: Any, line: str | None, cfg: Any) -> dict[str, Any]:
+        from stoker.holdout import baseline_model, eval_sets
+
         files = run.trainer(m.topic)
         parent = json.loads(files.parent.read_text()) if files.parent.is_file() else {}
         baseline = baseline_model(parent)
-        sets = {"night": run.holdout}
-        if line is not None:
-            count = cfg.eval.forgetting_nights if cfg is not None else self.forgetting_nights
-            sets.update(forgetting_sets(line, m.ds, m.corpus, count))
+        count = cfg.eval.forgetting_nights if cfg is not None else self.forgetting_nights
+        sets = eval_sets(run.holdout, parent if line is not None else {}, m.ds, m.corpus, count)
+        done = trainer_scores(files, sets, baseline)
+        if done is not None:
+            self.log.info("the trainer scored %s against %s on %s right after its export (%.1f s)", files.export,
+                          baseline or "no baseline (random init)", ", ".join(sets), done.get("seconds", 0))
+            atomic_write_json(run.evaluation, done)
+        else:
+            self.score(files, sets, baseline, run)
+        result: dict[str, Any] = json.loads(run.evaluation.read_text())
+        for name, figures in result["sets"].items():
+            a = figures["all"]
+            self.log.info("%s: %d docs, %.4f bits/byte ± %.4f%s", name, a["docs"], a["bpb"], a["stderr"],
+                          f"; blessed {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
+                          if "delta" in a else "")
+        return result
+
+    def score(self, files: Any, sets: dict[str, Path], baseline: Path | None, run: Any) -> None:
+        """The scores in a process of this task's own: the trainer wrote none for this export (it failed to,
+        or it is of an earlier Stoker)."""
         cmd = [sys.executable, "-m", "training.evaluate", "--model", str(files.export), "--out", str(run.evaluation),
                *(["--baseline", str(baseline)] if baseline else []),
                *[a for name, folder in sets.items() for a in ("--set", f"{name}={folder}")]]
@@ -106,13 +114,6 @@ class NightEvalOperator(BaseOperator):
                              capture_output=True, text=True, timeout=self.timeout_s)
         if out.returncode != 0:
             raise RuntimeError(f"evaluation failed (exit {out.returncode}): {out.stderr[-3000:]}")
-        result: dict[str, Any] = json.loads(run.evaluation.read_text())
-        for name, figures in result["sets"].items():
-            a = figures["all"]
-            self.log.info("%s: %d docs, %.4f bits/byte ± %.4f%s", name, a["docs"], a["bpb"], a["stderr"],
-                          f"; blessed {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
-                          if "delta" in a else "")
-        return result
 
     def gate(self, m: Any, run: Any, settings: Any, cfg: Any, result: dict[str, Any]) -> dict[str, Any] | None:
         """The decision on the joined night, recorded in the line (stoker.gate)."""

@@ -186,6 +186,7 @@ class TrainerLauncher:
         f.publication.write_text(manifest.publication + "\n")
         f.rc.unlink(missing_ok=True)
         f.phase.unlink(missing_ok=True)  # an earlier life's start-up phase is not this one's
+        f.evaluation.unlink(missing_ok=True)  # nor its scores (of an export this life replaces)
         cmds: list[list[str]] = cmd if cmd and isinstance(cmd[0], list) else [cmd]  # type: ignore[list-item]
         threads = max(1, (os.cpu_count() or 1) // world_size)
         full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",

@@ -62,8 +62,8 @@ def test_forgetting_is_measured_on_the_latest_earlier_nights_of_the_lineage_that
                                                                                                     monkeypatch):
     import json
 
+    from stoker.holdout import baseline_model, eval_sets
     from stoker.layout import LineLayout
-    from stoker_airflow.evaluation import baseline_model, forgetting_sets
 
     monkeypatch.setenv("STOKER_HOME", str(tmp_path))
     line = LineLayout.of("l")
@@ -74,11 +74,40 @@ def test_forgetting_is_measured_on_the_latest_earlier_nights_of_the_lineage_that
         night.folder.mkdir(parents=True)
         if entry["ds"] != "2026-12-03":  # a night of an earlier Stoker: nothing held out
             (night.holdout / "part-00000.npz").parent.mkdir()
-    line.night("2026-12-05", "a").record.write_text(json.dumps({"lineage": lineage}))
-    got = forgetting_sets("l", "2026-12-05", "a", 2)
-    assert list(got) == ["forgetting:2026-12-04.a", "forgetting:2026-12-02.b"]  # newest first, itself left out
+    # night 12-05 continued 12-04, whose lineage is every night before it
+    parent = {"kind": "night", "line": "l", "path": str(line.night("2026-12-04", "a").folder)}
+    line.night("2026-12-04", "a").record.write_text(json.dumps({"lineage": lineage[:-1]}))
+    got = eval_sets(tmp_path / "run" / "holdout", parent, "2026-12-05", "a", 2)
+    assert list(got) == ["night", "forgetting:2026-12-04.a", "forgetting:2026-12-02.b"]  # newest first
+    assert got["night"] == tmp_path / "run" / "holdout"
     assert got["forgetting:2026-12-02.b"] == line.night("2026-12-02", "b").holdout
-    assert forgetting_sets("l", "2026-12-06", "a", 2) == {}  # a night not (yet) in the line
+    # a re-run of 12-04 (its parent 12-03, whose lineage holds an earlier publication of 12-04 in a branch's
+    # case): never scored against itself
+    assert "forgetting:2026-12-04.a" not in eval_sets(tmp_path / "h", parent, "2026-12-04", "a", 5)
+    assert list(eval_sets(tmp_path / "h", {"kind": "random", "path": ""}, "2026-12-05", "a", 2)) == ["night"]
     assert baseline_model({"kind": "night", "path": "/l/nights/x"}) == Path("/l/nights/x/hf")
     assert baseline_model({"kind": "hf", "path": "/models/m"}) == Path("/models/m")
     assert baseline_model({"kind": "random", "path": ""}) is None
+
+
+def test_the_evaluate_task_takes_the_trainers_scores_only_for_this_export_baseline_and_sets(tmp_path):
+    import json
+    import os
+
+    from stoker.layout import TrainerFiles
+    from stoker_airflow.evaluation import trainer_scores
+
+    files = TrainerFiles(tmp_path / "t")
+    files.export.mkdir(parents=True)
+    (files.export / "config.json").write_text("{}")
+    sets = {"night": tmp_path / "run" / "holdout", "forgetting:2026-12-01.a": tmp_path / "l" / "holdout"}
+    scores = {"model": str(files.export), "baseline": "/l/nights/x/hf",
+              "sets": {k: {"path": str(v), "all": {"bpb": 2.0}} for k, v in sets.items()}}
+    assert trainer_scores(files, sets, Path("/l/nights/x/hf")) is None  # none written (an earlier Stoker's)
+    files.evaluation.write_text(json.dumps(scores))
+    assert trainer_scores(files, sets, Path("/l/nights/x/hf")) == scores
+    assert trainer_scores(files, sets, None) is None  # another baseline
+    assert trainer_scores(files, {"night": sets["night"]}, Path("/l/nights/x/hf")) is None  # other sets
+    old = files.evaluation.stat().st_mtime - 60
+    os.utime(files.evaluation, (old, old))  # scores of an earlier life's export, which this life replaced
+    assert trainer_scores(files, sets, Path("/l/nights/x/hf")) is None
