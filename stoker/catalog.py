@@ -99,7 +99,9 @@ def line_nights(line: str) -> list[dict[str, Any]]:
         rows.append({"night": night.folder.name, "seq": rec.get("seq"), "role": p.get("role", "head"),
                      "parent": parent, "topic": rec.get("topic"), "steps": rec.get("steps"),
                      "first_loss": rec.get("first_loss"), "last_loss": rec.get("last_loss"),
-                     "head": same_night(rec, top),
+                     "head": same_night(rec, top), "decision": (rec.get("decision") or {}).get("decision"),
+                     "decided_by": (rec.get("decision") or {}).get("by"),
+                     "bpb": (rec.get("eval") or {}).get("night", {}).get("bpb"),
                      "folder": str(night.folder)})
     return rows
 
@@ -108,11 +110,25 @@ def render_line(line: str, rows: list[dict[str, Any]]) -> str:
     folder = LineLayout.of(line).folder
     if not rows:
         return f"line {line}: no night has joined it yet ({folder})"
-    out = [f"line {line}  ({folder}); * marks the head, the night the next one continues",
-           f"  {'night':<26}{'role':<8}{'steps':>7}{'loss':>17}  parent"]
+    out = [f"line {line}  ({folder}); * marks the head, the night the next one continues; bits/byte: on the "
+           "night's own held-out documents (lower is better)",
+           f"  {'night':<26}{'role':<8}{'steps':>7}{'loss':>17}  {'decision':<20}{'bits/byte':>10}  parent"]
+    scores = [r["bpb"] for r in rows if isinstance(r.get("bpb"), float | int)]
     for r in rows:
         loss = (f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}" if r["first_loss"] is not None
                 and r["last_loss"] is not None else "-")
         mark = "*" if r["head"] else " "
-        out.append(f"{mark} {r['night']:<26}{r['role']:<8}{str(r['steps'] or '-'):>7}{loss:>17}  {r['parent']}")
+        decision = (r.get("decision") or "-") + ("" if (r.get("decided_by") or "gate") == "gate" else " (by hand)")
+        bpb = f"{r['bpb']:.4f}" if isinstance(r.get("bpb"), float | int) else "-"
+        out.append(f"{mark} {r['night']:<26}{r['role']:<8}{str(r['steps'] or '-'):>7}{loss:>17}  {decision:<20}"
+                   f"{bpb:>10} {_bar(r.get('bpb'), scores)} {r['parent']}")
     return "\n".join(out)
+
+
+def _bar(value: Any, scores: list[float], width: int = 12) -> str:
+    """The night's figure as a bar between the line's lowest and highest: the line's nights as a plot."""
+    if not isinstance(value, float | int) or not scores:
+        return " " * width
+    lo, hi = min(scores), max(scores)
+    n = 1 + round((value - lo) / (hi - lo) * (width - 1)) if hi > lo else 1
+    return ("#" * n).ljust(width)

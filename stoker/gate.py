@@ -19,7 +19,7 @@ from typing import Any
 
 from stoker.exceptions import StokerError
 from stoker.layout import LineLayout, NightFiles
-from stoker.lines import head, joined_nights, read_night, same_night
+from stoker.lines import blessed, head, joined_nights, read_night, same_night
 from stoker.manifest import atomic_write_json
 
 DECISIONS = ("promoted", "held", "rolled_back", "branch")
@@ -105,8 +105,7 @@ def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str
         raise StokerError(f"night {ds}.{corpus} of line {line.name} was not gated ({now or 'no evaluation'}): only "
                           "a night that continued the head (and kept held-out data) has a decision to change")
     later = [r for r, _ in joined_nights(line) if r.get("seq", 0) > record.get("seq", 0)
-             and r.get("parent", {}).get("role", "head") == "head" and (r.get("decision") or {}).get(
-                 "decision") != "held"]
+             and r.get("parent", {}).get("role", "head") == "head" and blessed(r)]
     if choice == "promote" and later:
         raise StokerError(f"night {ds}.{corpus} cannot become line {line.name}'s head: night {later[-1]['ds']}."
                           f"{later[-1].get('corpus')} continued the line after it; train a new night instead")

@@ -101,6 +101,12 @@ def test_a_held_night_cannot_be_promoted_once_the_line_moved_on(tmp_path):
     _gated(line, tmp_path, "2026-12-04", 2.2)  # continued 12-03
     with pytest.raises(StokerError, match="is not line l's head"):
         human_decision(line, "2026-12-03", "c", "roll-back", "ann")
+    # once the nights after it are rolled back, a held night may be promoted after all
+    human_decision(line, "2026-12-04", "c", "roll-back", "ann")
+    human_decision(line, "2026-12-03", "c", "roll-back", "ann")
+    assert head(line)["ds"] == "2026-12-01"
+    assert human_decision(line, "2026-12-02", "c", "promote", "ann")["decision"] == "promoted"
+    assert head(line)["ds"] == "2026-12-02"
 
 
 def test_the_train_task_hands_the_lines_lease_to_the_task_that_decides(tmp_path):
@@ -116,3 +122,20 @@ def test_the_train_task_hands_the_lines_lease_to_the_task_that_decides(tmp_path)
     assert take_lease(line, other, lambda h: True).task_id == "training.evaluate"  # the next night waits
     assert not give_back_lease(line, train) and give_back_lease(line, gate) and lease_holder(line) is None
     assert take_lease(line, other, lambda h: True) is None
+
+
+def test_lines_show_marks_each_nights_decision_and_plots_its_figure(tmp_path, monkeypatch):
+    from stoker import catalog
+
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path))
+    line = LineLayout.of("l")
+    _join(line, tmp_path, "2026-12-01")
+    _gated(line, tmp_path, "2026-12-02", 2.6)  # held
+    _gated(line, tmp_path, "2026-12-03", 2.2)  # promoted
+    human_decision(line, "2026-12-02", "c", "roll-back", "ann")
+    rows = catalog.line_nights("l")
+    assert [(r["decision"], r["bpb"], r["head"]) for r in rows] == [
+        (None, None, False), ("rolled_back", 2.6, False), ("promoted", 2.2, True)]
+    text = catalog.render_line("l", rows).splitlines()
+    assert "rolled_back (by hand)" in text[3] and "2.6000 ############" in text[3]
+    assert text[4].startswith("* 2026-12-03.c") and "2.2000 #           " in text[4]
