@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: versions help setup check-tools stack-deps hosts-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench soak up down clean
+.PHONY: versions help setup check-tools stack-deps hosts-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench bench-gate soak up down clean
 
 help:
 	@echo "make run    set up, start Kafka and PostgreSQL (Airflow's database, shared with make up), run refresh_sample end to end, print the run summary"
@@ -148,6 +148,11 @@ bench: setup test-servers
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/publish_bench.py
 	$(BIN)/python bench/scale_bench.py --shape mixed
+	$(BIN)/python bench/sabotage_bench.py --trials 10
+
+# the promotion gate against sabotaged nights alone, through the DAG: 10 trials (about 5 min each)
+bench-gate: setup
+	$(BIN)/python bench/sabotage_bench.py --trials 10
 
 # hard faults at random points on a 3-node cluster, many trials (~1 min each); TRIALS=12 by default
 soak: setup

@@ -1,0 +1,122 @@
+"""Trials of the promotion gate against sabotaged nights, through the DAG (``dag.test()``), as
+tests/e2e/test_sabotage.py runs one:
+
+    .stoker/venv/bin/python bench/sabotage_bench.py [--trials 10]          (make bench-gate)
+
+Each trial is a line of its own: a clean first night on one shard of the sample, then from it
+* ``clean``: another shard, clean: must be promoted;
+* ``scrambled``: a shard with every document's characters shuffled: must be held;
+* ``shuffled_words``: a shard with every document's words shuffled: measured (on a line this young it is no
+  sure sabotage: the model still learns mostly which tokens are frequent);
+* ``lr_x100``: a clean shard at 100 x the recipe's learning rate: must be held.
+Trials differ in the shards and the recipe's seed (the model's init). A held night is never continued: each
+later night of a trial continues the newest promoted one; the clean one runs last. The suite's environment (its
+Airflow home and broker port) in a state folder of its own, ``.stoker/bench-home``. Results go to
+``.stoker/bench/sabotage.jsonl``; the table at the end is what BENCHMARKS.md records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import date, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
+os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by the suite's conftest
+
+SHARDS = ("part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl", "part-00003.jsonl")
+EXPECTED = {"first": "promoted", "clean": "promoted", "scrambled": "held", "lr_x100": "held"}
+KINDS = ("first", "scrambled", "shuffled_words", "lr_x100", "clean")
+
+
+def trial(i: int, root: Path, sample_data: Path) -> list[dict]:
+    import test_sabotage as ts
+
+    from stoker.layout import LineLayout, RunLayout
+
+    start = date(2026, 1, 1) + timedelta(days=10 * i)
+    days = {k: (start + timedelta(days=d)).isoformat() for d, k in enumerate(KINDS)}
+    pick = [SHARDS[(i + j) % len(SHARDS)] for j in range(3)]
+    nights = {days["first"]: (pick[0], None), days["scrambled"]: (pick[1], "chars"),
+              days["shuffled_words"]: (pick[1], "words"), days["lr_x100"]: (pick[2], None),
+              days["clean"]: (pick[1], None)}
+    shutil.rmtree(LineLayout.of(ts.CORPUS).folder, ignore_errors=True)
+    for ds in days.values():
+        shutil.rmtree(RunLayout.of(ts.CORPUS, ds).run_dir, ignore_errors=True)
+    corpora = ts.sabotage_corpora(root / f"t{i}", sample_data, nights)
+    recipe = corpora / "recipes" / f"{ts.CORPUS}.yaml"
+    base = ts.RECIPE + f"seed: {1000 + i}\n"
+    recipe.write_text(base)
+    out = []
+    for kind in KINDS:
+        recipe.write_text(base + ("lr: 0.1\n" if kind == "lr_x100" else ""))
+        t0 = time.monotonic()
+        summary = ts.run_night(corpora, days[kind])
+        ev = summary["eval"]
+        worst = max((r for r in ev["decision"].get("regressions", [])), key=lambda r: r["change"], default=None)
+        out.append({"trial": i, "kind": kind, "decision": ev["decision"]["decision"],
+                    "changes": {name: figures["all"].get("delta") for name, figures in ev["sets"].items()},
+                    "worst": worst and {k: worst[k] for k in ("set", "change", "allowed")},
+                    "seconds": round(time.monotonic() - t0, 1)})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=10)
+    args = ap.parse_args()
+
+    import subprocess
+
+    from conftest import TEST_KAFKA_PORT  # the suite's environment: Airflow home, broker port
+
+    from stoker_local import broker as stack
+    from stoker_local import sample
+
+    home = Path(os.environ["STOKER_HOME"])
+    data, tok = home / "data" / "sample", home / "tokenizers" / "sample-bpe-8192"
+    if not (data / "_SUCCESS").exists():
+        sample.write_corpus(data)
+        sample.train_tokenizer(data, tok)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
+    broker = stack.Broker(home=home / "kafka", port=TEST_KAFKA_PORT)
+    stack.up(broker)
+    results_file = REPO / ".stoker" / "bench" / "sabotage.jsonl"
+    results_file.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    try:
+        with tempfile.TemporaryDirectory(dir=home) as tmp:
+            for i in range(args.trials):
+                rows += trial(i, Path(tmp), data)
+                with results_file.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows if r["trial"] == i)
+    finally:
+        stack.down(broker)
+    print("\n| night | trials | decisions | as expected | change on its own set (mean) | change on the first "
+          "night's (mean) | seconds (mean) |\n|---|---|---|---|---|---|---|")
+    for kind in KINDS:
+        got = [r for r in rows if r["kind"] == kind]
+        ok = f"{Counter(r['decision'] == EXPECTED[kind] for r in got)[True]}/{len(got)}" if kind in EXPECTED else "-"
+        seen = ", ".join(f"{d} {n}" for d, n in sorted(Counter(r["decision"] for r in got).items()))
+        own = _mean([r["changes"].get("night") for r in got])
+        first = _mean([v for r in got for k, v in r["changes"].items() if k.startswith("forgetting:")])
+        print(f"| {kind} | {len(got)} | {seen} | {ok} | {own:+.3f} | {first:+.3f} | "
+              f"{_mean([r['seconds'] for r in got]):.0f} |")
+
+
+def _mean(xs: list) -> float:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The gate against sabotaged nights, through the DAG as the scheduler runs it. A line's first night trains on
+one shard of the sample (clean; its held-out documents kept with the night). Then:
+
+* a night whose drop is the same text with every document's characters shuffled (a corrupted export):
+  better on its own (scrambled) held-out text, worse on the first night's: held by its forgetting set.
+  (Shuffled *words* are no sure sabotage on a line this young: the model still learns mostly which tokens
+  are frequent, and a night of shuffled words improved the first night's figure, -0.16 bits per byte;
+  BENCHMARKS.md, "The gate against sabotage");
+* a clean night trained at 100 x the recipe's learning rate from its first step: held by its own set, and it
+  continued the first night, not the held one.
+
+The line's head stays on the first night throughout. `make bench` runs ten trials of each
+(bench/sabotage_bench.py); this is one."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stoker import lines
+from stoker.layout import LineLayout, RunLayout
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = "sabotage"
+CLEAN, SHUFFLED, HOT = "2026-11-10", "2026-11-11", "2026-11-12"
+RECIPE = "base: debug_cpu\nwarmup_steps: 1\n"
+
+DAG_RUN = """
+import json, sys
+from datetime import datetime, timezone
+import dags.refresh_dags as m
+run = getattr(m, "refresh_" + sys.argv[1]).test(logical_date=datetime.fromisoformat(sys.argv[2] + "T00:00:00+00:00"))
+print("STATE=" + json.dumps(str(run.state)))
+"""
+
+
+def shuffled(text: str, rng: random.Random, unit: str) -> str:
+    """``text`` with its characters (``unit`` "chars") or its whitespace-separated words ("words") shuffled."""
+    parts = list(text) if unit == "chars" else text.split()
+    rng.shuffle(parts)
+    return ("" if unit == "chars" else " ").join(parts)
+
+
+def write_drop(folder: Path, shard: Path, shuffle: str | None) -> None:
+    """A night's drop: one shard of the sample, each document's characters or words shuffled if told (``shuffle``
+    "chars" or "words"); bad records kept as they are."""
+    folder.mkdir(parents=True)
+    rng = random.Random(7)
+    with shard.open() as src, (folder / "part-00000.jsonl").open("w") as out:
+        for line in src:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                doc = None
+            if shuffle and isinstance(doc, dict) and isinstance(doc.get("text"), str):
+                line = json.dumps({**doc, "text": shuffled(doc["text"], rng, shuffle)}, ensure_ascii=False) + "\n"
+            out.write(line)
+    (folder / "_SUCCESS").write_text("")
+
+
+def sabotage_corpora(root: Path, sample_data: Path, shards: dict[str, tuple[str, str | None]]) -> Path:
+    """A corpora folder with corpus ``sabotage`` (the sample's config; 20 documents a thousand held out),
+    reading ``<root>/drops/<ds>``, and its recipe; one drop per night: ``ds -> (shard, shuffle)``."""
+    folder = root / "corpora"
+    (folder / "recipes").mkdir(parents=True)
+    (folder / "recipes" / f"{CORPUS}.yaml").write_text(RECIPE)
+    for ds, (shard, shuffle) in shards.items():
+        write_drop(root / "drops" / ds, sample_data / shard, shuffle)
+    text = (REPO / "corpora" / "sample.yaml").read_text().replace("name: sample", f"name: {CORPUS}")
+    for old, new in (('uri: "{state}/data/sample"', f'uri: "{root}/drops/{{ds}}"'),
+                     ("recipe: debug_cpu", f"recipe: {CORPUS}"), ("holdout_per_mille: 5", "holdout_per_mille: 20")):
+        assert old in text, old
+        text = text.replace(old, new)
+    (folder / f"{CORPUS}.yaml").write_text(text)
+    return folder
+
+
+def run_night(corpora: Path, ds: str) -> dict:
+    """Night ``ds`` through the DAG; its run summary."""
+    env = {**os.environ, "STOKER_CORPORA": str(corpora)}
+    out = subprocess.run([sys.executable, "-c", DAG_RUN, CORPUS, ds], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert 'STATE="success"' in out.stdout, out.stdout[-5000:] + out.stderr[-5000:]
+    return json.loads(RunLayout.of(CORPUS, ds).summary.read_text())
+
+
+def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_held_and_the_head_stays(
+        tmp_path, kafka_config, sample_corpus, airflow_db, capsys):
+    line = LineLayout.of(CORPUS)
+    shutil.rmtree(line.folder, ignore_errors=True)
+    for ds in (CLEAN, SHUFFLED, HOT):
+        shutil.rmtree(RunLayout.of(CORPUS, ds).run_dir, ignore_errors=True)
+    corpora = sabotage_corpora(tmp_path, sample_corpus["data"], {
+        CLEAN: ("part-00002.jsonl", None), SHUFFLED: ("part-00000.jsonl", "chars"), HOT: ("part-00000.jsonl", None)})
+
+    first = run_night(corpora, CLEAN)
+    assert first["eval"]["decision"]["decision"] == "promoted"
+    head = lines.head(line)
+    assert head is not None and head["ds"] == CLEAN
+
+    shuffled = run_night(corpora, SHUFFLED)
+    decision = shuffled["eval"]["decision"]
+    assert decision["decision"] == "held", decision
+    stopped = {r["set"]: r for r in decision["regressions"]}
+    assert f"forgetting:{CLEAN}.{CORPUS}" in stopped, decision  # what the night cost the first night's data
+    assert stopped[f"forgetting:{CLEAN}.{CORPUS}"]["change"] > stopped[f"forgetting:{CLEAN}.{CORPUS}"]["allowed"]
+    assert lines.head(line)["ds"] == CLEAN  # the head stays
+    held = json.loads(line.night(SHUFFLED, CORPUS).record.read_text())
+    assert held["decision"]["decision"] == "held" and "Decision: **held** by gate" in line.night(
+        SHUFFLED, CORPUS).card.read_text()
+
+    (corpora / "recipes" / f"{CORPUS}.yaml").write_text(RECIPE + "lr: 0.1\n")  # 100 x debug_cpu's 1e-3
+    hot = run_night(corpora, HOT)
+    decision = hot["eval"]["decision"]
+    assert decision["decision"] == "held", decision
+    assert "night" in {r["set"] for r in decision["regressions"]}, decision
+    # it continued the blessed head (the first night), not the held one
+    record = json.loads(line.night(HOT, CORPUS).record.read_text())
+    assert (record["parent"]["ds"], record["parent"]["role"]) == (CLEAN, "head"), record["parent"]
+    assert hot["eval"]["baseline"] == f"{line.night(CLEAN, CORPUS).folder}/hf"
+    assert lines.head(line)["ds"] == CLEAN
+    # what `stoker runs show --json` carries: the decision and the figures that stopped it
+    cli = subprocess.run([sys.executable, "-m", "stoker_local.cli", "runs", "show", f"{CORPUS}/{HOT}", "--json"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "STOKER_CORPORA": str(corpora)})
+    shown = json.loads(cli.stdout)["eval"]
+    assert shown["decision"]["decision"] == "held" and shown["decision"]["regressions"]
+    assert shown["sets"]["night"]["all"]["delta"] > 0
+    overrule_from_a_terminal(line, capsys)
+
+
+def overrule_from_a_terminal(line: LineLayout, capsys) -> None:
+    """`stoker refresh --decision` applies a decision to a night the gate held (never a question on the
+    terminal); `stoker lines decide` promotes a held night or rolls the head back later."""
+    from stoker_local.refresh import apply_decision
+
+    apply_decision(RunLayout.of(CORPUS, HOT), "hold")
+    assert f"stoker lines decide {CORPUS} {HOT}.{CORPUS} promote" in capsys.readouterr().out
+    apply_decision(RunLayout.of(CORPUS, HOT), "roll-back")
+    record = json.loads(line.night(HOT, CORPUS).record.read_text())
+    assert record["decision"]["decision"] == "rolled_back" and "--decision roll-back" in record["decision"]["by"]
+    assert record["decision"]["previous"]["decision"] == "held"
+
+    def stoker(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "stoker_local.cli", *args], capture_output=True, text=True,
+                              check=True, env=os.environ.copy()).stdout
+
+    stoker("lines", "decide", CORPUS, f"{SHUFFLED}.{CORPUS}", "promote", "--why", "the shuffle was intended")
+    assert lines.head(line)["ds"] == SHUFFLED
+    assert "the shuffle was intended" in line.night(SHUFFLED, CORPUS).card.read_text()
+    stoker("lines", "decide", CORPUS, SHUFFLED, "roll-back")
+    assert lines.head(line)["ds"] == CLEAN
