@@ -78,8 +78,8 @@ def eval_table(result: dict[str, Any], decision: dict[str, Any]) -> str:
 def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[str, Any]) -> None:
     """The decision into the night's record (what :func:`stoker.lines.blessed` reads) and its model card."""
     record = read_night(night)
-    if record.get("decision") and record["decision"].get("by") != decision.get("by"):
-        decision = {**decision, "previous": record["decision"]}  # a person overruling the gate: both kept
+    if record.get("decision") and decision.get("by") != "gate":
+        decision = {**decision, "previous": record["decision"]}  # a person's decision: the earlier ones kept
     record["decision"] = decision
     record["eval"] = {name: f["all"] for name, f in result.get("sets", {}).items()}
     atomic_write_json(night.record, record)

@@ -80,7 +80,9 @@ def test_a_person_promotes_a_held_night_or_rolls_back_the_head_and_the_gates_dec
     card = line.night("2026-12-02", "c").card.read_text()
     assert "Decision: **promoted** by ann (stoker lines decide)" in card and "known shift" in card
     # and back: the head rolled back, the line continues the night before it
-    assert human_decision(line, "2026-12-02", "c", "roll-back", "bob")["decision"] == "rolled_back"
+    back = human_decision(line, "2026-12-02", "c", "roll-back", "ann (stoker lines decide)")
+    assert back["decision"] == "rolled_back"  # the same person again: every earlier decision kept, newest first
+    assert [back["previous"]["decision"], back["previous"]["previous"]["decision"]] == ["promoted", "held"]
     assert head(line)["ds"] == "2026-12-01"
     assert (plan(line, "2026-12-03", "c", "random", "branch").ds) == "2026-12-01"
 
