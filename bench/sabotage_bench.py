@@ -10,8 +10,8 @@ Each trial is a line of its own: a clean first night on one shard of the sample,
   sure sabotage: the model still learns mostly which tokens are frequent);
 * ``lr_x100``: a clean shard at 100 x the recipe's learning rate: must be held.
 Trials differ in the shards and the recipe's seed (the model's init). A held night is never continued: each
-later night of a trial continues the newest promoted one; the clean one runs last. The suite's environment (its
-Airflow home and broker port) in a state folder of its own, ``.stoker/bench-home``. Results go to
+later night of a trial continues the newest promoted one: the clean night runs before the shuffled words.
+The suite's environment (its Airflow home and broker port) in a state folder of its own, ``.stoker/bench-home``. Results go to
 ``.stoker/bench/sabotage.jsonl``; the table at the end is what BENCHMARKS.md records.
 """
 
@@ -34,7 +34,7 @@ os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by
 
 SHARDS = ("part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl", "part-00003.jsonl")
 EXPECTED = {"first": "promoted", "clean": "promoted", "scrambled": "held", "lr_x100": "held"}
-KINDS = ("first", "scrambled", "shuffled_words", "lr_x100", "clean")
+KINDS = ("first", "scrambled", "lr_x100", "clean", "shuffled_words")  # the clean night continues the first
 
 
 def trial(i: int, root: Path, sample_data: Path) -> list[dict]:
@@ -42,7 +42,7 @@ def trial(i: int, root: Path, sample_data: Path) -> list[dict]:
 
     from stoker.layout import LineLayout, RunLayout
 
-    start = date(2026, 1, 1) + timedelta(days=10 * i)
+    start = date(2026, 11, 15) + timedelta(days=len(KINDS) * i)  # after the corpus's schedule.start_date
     days = {k: (start + timedelta(days=d)).isoformat() for d, k in enumerate(KINDS)}
     pick = [SHARDS[(i + j) % len(SHARDS)] for j in range(3)]
     nights = {days["first"]: (pick[0], None), days["scrambled"]: (pick[1], "chars"),
@@ -108,7 +108,8 @@ def main() -> None:
         ok = f"{Counter(r['decision'] == EXPECTED[kind] for r in got)[True]}/{len(got)}" if kind in EXPECTED else "-"
         seen = ", ".join(f"{d} {n}" for d, n in sorted(Counter(r["decision"] for r in got).items()))
         own = _mean([r["changes"].get("night") for r in got])
-        first = _mean([v for r in got for k, v in r["changes"].items() if k.startswith("forgetting:")])
+        first = _mean([r["changes"][min(k for k in r["changes"] if k.startswith("forgetting:"))] for r in got
+                       if any(k.startswith("forgetting:") for k in r["changes"])])  # the earliest: the first night
         print(f"| {kind} | {len(got)} | {seen} | {ok} | {own:+.3f} | {first:+.3f} | "
               f"{_mean([r['seconds'] for r in got]):.0f} |")
 

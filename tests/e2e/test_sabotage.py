@@ -54,15 +54,16 @@ def write_drop(folder: Path, shard: Path, shuffle: str | None) -> None:
     "chars" or "words"); bad records kept as they are."""
     folder.mkdir(parents=True)
     rng = random.Random(7)
-    with shard.open() as src, (folder / "part-00000.jsonl").open("w") as out:
-        for line in src:
+    with shard.open("rb") as src, (folder / "part-00000.jsonl").open("wb") as out:
+        for raw in src:  # bytes: the sample's invalid UTF-8 record passes through as it is
             try:
-                doc = json.loads(line)
+                doc = json.loads(raw)
             except ValueError:
                 doc = None
             if shuffle and isinstance(doc, dict) and isinstance(doc.get("text"), str):
-                line = json.dumps({**doc, "text": shuffled(doc["text"], rng, shuffle)}, ensure_ascii=False) + "\n"
-            out.write(line)
+                raw = (json.dumps({**doc, "text": shuffled(doc["text"], rng, shuffle)})
+                       + "\n").encode()
+            out.write(raw)
     (folder / "_SUCCESS").write_text("")
 
 
