@@ -12,7 +12,8 @@ Each trial is a line of its own: a clean first night on one shard of the sample,
 Trials differ in the shards and the recipe's seed (the model's init). A held night is never continued: each
 later night of a trial continues the newest promoted one: the clean night runs before the shuffled words.
 The suite's environment (its Airflow home and broker port) in a state folder of its own,
-``.stoker/bench-home``. Results go to ``.stoker/bench/sabotage.jsonl``; the table at the end is what BENCHMARKS.md records.
+``.stoker/bench-home``. Results go to ``.stoker/bench/sabotage.jsonl``; the table at the end is what
+BENCHMARKS.md records.
 """
 
 from __future__ import annotations
