@@ -235,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_commands(sub: Any) -> None:
     """refresh, check, gc, runs, lines: a corpus's nights and what they left."""
+    from stoker.gate import CHOICES  # what a person may decide on a gated night: one list for both commands
+
     r = sub.add_parser("refresh", help="run one refresh of a corpus through Airflow")
     r.add_argument("corpus")
     r.add_argument("--ds", help="logical date YYYY-MM-DD (default: today, UTC)")
@@ -242,7 +244,7 @@ def _add_run_commands(sub: Any) -> None:
                    help="a run param for this night only (docs/config.md, Run params), e.g. seq_len=512; checked "
                         "before anything starts")
     r.add_argument("--verbose", "-v", action="store_true", help="stream Airflow's, Spark's and the trainer's logs")
-    r.add_argument("--decision", choices=("promote", "hold", "roll-back"), default="hold",
+    r.add_argument("--decision", choices=tuple(CHOICES), default="hold",
                    help="what to do with the night if the gate holds it (a figure regressed): the figures are "
                         "printed, nothing waits for an answer (default: hold; `stoker lines decide` later)")
     r.set_defaults(fn=refresh)
@@ -283,7 +285,7 @@ def _add_run_commands(sub: Any) -> None:
                                "it, or roll back a held night or the head (the head returns to the night before)")
     dec.add_argument("line")
     dec.add_argument("night", help="<YYYY-MM-DD>.<corpus> (or <YYYY-MM-DD> when the corpus is named as the line)")
-    dec.add_argument("choice", choices=("promote", "hold", "roll-back"))
+    dec.add_argument("choice", choices=tuple(CHOICES))
     dec.add_argument("--why", help="recorded with the decision and shown on the model card")
     dec.set_defaults(fn=_decide)
 
