@@ -226,6 +226,14 @@ def test_compressed_files_read_like_plain_ones_and_every_file_is_in_the_lineage(
     for name, f in listed.items():
         content = (folder / name).read_bytes()
         assert (f["bytes"], f["sha256"]) == (len(content), hashlib.sha256(content).hexdigest())
+    # a night this small is scanned by the driver; a big one by Spark tasks: both say the same
+    from spark_jobs.read import opener_for, scan
+
+    pinned = [{"path": f["path"], "bytes": f["bytes"]} for f in m.source_files]  # sizes pinned, not times
+    by_tasks = scan(spark, pinned, opener_for(small_cfg, pinned), "jsonl", driver_bytes=0)
+    assert by_tasks == scan(spark, pinned, opener_for(small_cfg, pinned), "jsonl")
+    assert [(f["sha256"], f.get("corrupt") is None) for f in by_tasks] == [
+        (f["sha256"], f.get("corrupt") is None) for f in sorted(m.source_files, key=lambda f: f["path"])]
 
 
 def test_parquet_source_reads_one_document_per_row(spark, kafka_config, small_cfg, tmp_path):
