@@ -146,7 +146,7 @@ class StackEnv:
                 return runs
             assert time.monotonic() < deadline, (
                 f"{dag_id}: {[(r['dag_run_id'], r['state']) for r in runs]} after {timeout:.0f}s")
-            time.sleep(3)
+            time.sleep(1)
 
     def failure_logs(self, dag_id: str) -> str:
         logs = sorted((self.home / "airflow" / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)

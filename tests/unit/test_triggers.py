@@ -118,3 +118,22 @@ def test_the_lag_trigger_logs_a_changed_line_at_once_and_an_unchanged_one_once_a
     assert [t for t, _ in logged] == [0.0, 60.0, 120.0, 180.0, 200.0, 260.0, 320.0, 380.0]  # 8 of 200 polls
     gaps = [b[0] - a[0] for a, b in zip(logged, logged[1:], strict=False) if a[1] == b[1]]
     assert gaps and all(g >= PROGRESS_LOG_S for g in gaps)
+
+
+def test_the_lag_triggers_wait_ends_when_the_trainer_exits_not_a_poll_later(tmp_path):
+    """The trainer's rc file appearing mid-wait ends the wait at once; one already there (a finished
+    trainer whose offsets are still being read) does not turn the wait into a busy loop."""
+    import asyncio
+    import threading
+    import time
+
+    rc = tmp_path / "trainer.rc"
+    trig = KafkaLagTrigger(topic="t", group_id="g", end={0: 1}, poll_interval=30.0, rc_file=str(rc))
+    threading.Timer(0.3, lambda: rc.write_text("0\n")).start()
+    t0 = time.monotonic()
+    asyncio.run(trig._nap())
+    assert 0.25 <= time.monotonic() - t0 < 2
+    trig.poll_interval = 0.6
+    t0 = time.monotonic()
+    asyncio.run(trig._nap())  # the file exists from the start: a whole poll interval
+    assert time.monotonic() - t0 >= 0.55
