@@ -20,6 +20,7 @@ from stoker.plan import RUN_PARAMS, refresh_dag
 from stoker_airflow.callbacks import stage_finished, stage_started
 from stoker_airflow.evaluation import NightEvalOperator
 from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
+from stoker_airflow.review import NightReviewOperator
 from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
 
 # The run's date: the logical date, or the run_after date of a run triggered without one.
@@ -40,7 +41,8 @@ the manifest's) → `train` (DeepSpeed, {world} rank(s), recipe `{recipe}`, laun
 followed, deferred, until the training consumer group has consumed the run; a trainer that dies is
 relaunched by the task's retry and resumes from its last checkpoint) → `await_consumed` (Kafka
 confirms the group's lag is 0) → `evaluate` (bits per byte on held-out documents, the night against the model
-it continued) → `report` (the run summary).
+it continued) → `review` (a night the gate held waits for a person's promote, hold or roll back) → `report`
+(the run summary).
 
 **Model line** `{line}`: each night continues the newest night of the line before it (the line's
 first night starts from `{init}`); a night joins the line only when its training succeeded, and the
@@ -60,6 +62,8 @@ def _params(cfg: CorpusConfig) -> dict[str, Param]:
         limits: dict[str, Any] = {"minimum": p.bounds[0], "maximum": p.bounds[1]} if p.bounds else {}
         if p.kind == "string":
             limits["minLength"] = 1
+        if p.choices:
+            limits["enum"] = list(p.choices)
         out[p.name] = Param(p.default(cfg), type=p.kind, title=p.title, description=p.description,
                             section=p.section, **limits)
     return out
@@ -123,7 +127,13 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
                     "and on the line's earlier nights' (forgetting): bits per byte per source, with standard "
                     "errors (eval.json). Skipped when nothing was held out (eval.holdout_per_mille 0)."),
         )
-        train >> await_consumed >> evaluate
+        review = NightReviewOperator(
+            task_id="review", manifest_path=str(run.manifest), retries=0,
+            doc_md=("Only when the gate held the night: a person promotes, holds or rolls it back (Required "
+                    "actions), seeing the figures; Hold when nobody answers within eval.approval_timeout_s. "
+                    "With eval.review (a run param) hold, promote or roll-back it decides without asking."),
+        )
+        train >> await_consumed >> evaluate >> review
     return group
 
 

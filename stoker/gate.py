@@ -25,6 +25,9 @@ from stoker.manifest import atomic_write_json
 DECISIONS = ("promoted", "held", "rolled_back", "branch")
 CHOICES = {"promote": "promoted", "hold": "held", "roll-back": "rolled_back"}
 """What a person may decide on a gated night (`stoker lines decide`, `stoker refresh --decision`)."""
+REVIEW_OPTIONS = {"Promote": "promote", "Hold": "hold", "Roll back": "roll-back"}
+"""The review step's options as a person sees them in Airflow (``training.review``), and the choice each makes."""
+REVIEW_TASK = "training.review"
 
 
 def regressions(result: dict[str, Any], k: float, max_regression: float) -> list[dict[str, Any]]:

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 HOLDOUT_PER_MILLE_MAX = 100
 """At most a tenth of a night is held out."""
+REVIEWS = ("ask", "promote", "hold", "roll-back")
+"""``eval.review``: ask a person, or decide without asking (``stoker.gate.CHOICES``)."""
+APPROVAL_TIMEOUT_MAX_S = 30 * 86400
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,6 +43,13 @@ class EvalConfig:
     """Standard errors a figure may worsen by before the gate holds the night (see ``max_regression``)."""
     forgetting_nights: int = 3
     """Earlier nights of the lineage (the latest that kept held-out documents) the night is also scored on."""
+    review: str = "ask"
+    """A night the gate held: ``ask`` a person in the Airflow UI (the ``training.review`` step offers promote,
+    hold and roll back with the figures; the night stays held when nobody answers within
+    ``approval_timeout_s``), or decide without asking: ``hold``, ``promote``, ``roll-back``. A run may change it
+    (the trigger form's "Held night"; ``stoker refresh --decision``, which never asks)."""
+    approval_timeout_s: int = 86400
+    """Seconds the review step waits for a person's answer on a held night; then the night stays held."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.holdout_per_mille <= HOLDOUT_PER_MILLE_MAX:
@@ -51,6 +61,11 @@ class EvalConfig:
             raise _fail("eval.gate_k", self.gate_k, "must be in [0, 10] standard errors")
         if not 0 <= self.forgetting_nights <= 50:
             raise _fail("eval.forgetting_nights", self.forgetting_nights, "must be in [0, 50] nights")
+        if self.review not in REVIEWS:
+            raise _fail("eval.review", self.review, f"must be one of {', '.join(REVIEWS)}")
+        if not 1 <= self.approval_timeout_s <= APPROVAL_TIMEOUT_MAX_S:
+            raise _fail("eval.approval_timeout_s", self.approval_timeout_s,
+                        f"must be in [1, {APPROVAL_TIMEOUT_MAX_S}] seconds (30 days)")
 
 
 def held_out(digest: bytes, per_mille: int) -> bool:

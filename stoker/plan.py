@@ -19,6 +19,7 @@ from typing import Any
 from stoker import config as _config
 from stoker.config import CorpusConfig, parse_corpus
 from stoker.exceptions import ConfigError
+from stoker.holdout import REVIEWS
 from stoker.layout import RunLayout, run_topic
 from stoker.manifest import atomic_write_json
 
@@ -50,6 +51,8 @@ class RunParam:
     description: str
     bounds: tuple[int, int] | None = None
     """Inclusive; the same constant the config's own check uses."""
+    choices: tuple[str, ...] | None = None
+    """The values a string param may take (the form's drop-down); the config's own check uses the same."""
 
     def default(self, cfg: CorpusConfig) -> Any:
         part, key = self.field.split(".")
@@ -67,6 +70,10 @@ RUN_PARAMS: tuple[RunParam, ...] = (
              "Spark tasks that pack and publish, at least (a large drop gets a multiple of it), each one Kafka "
              "transaction (a retried task is fenced, so nothing is published twice). Set it to the cluster's "
              "cores or a multiple.", _config.SPARK_PARTITIONS_BOUNDS),
+    RunParam("review", "eval.review", "string", "Held night", "Evaluation",
+             "What happens when the gate holds this night: ask (a person promotes, holds or rolls it back in the "
+             "review step; hold when nobody answers within eval.approval_timeout_s), or hold, promote, roll-back "
+             "without asking.", choices=REVIEWS),
 )
 """What a run may override, in the order the trigger form shows them."""
 

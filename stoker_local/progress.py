@@ -166,6 +166,13 @@ class LiveLine:
         if self.out.isatty() and self._width:
             self.out.write("\n")
             self.out.flush()
+            self._width = 0
+
+    def say(self, line: str) -> None:
+        """A line of its own between redraws."""
+        self.close()
+        self.out.write(line + "\n")
+        self.out.flush()
 
 
 def follow(cmd: list[str], env: dict[str, str], log: Path, watcher: RunWatcher,

@@ -44,7 +44,10 @@ def refresh(args: argparse.Namespace) -> int:
     from stoker_local.progress import RunWatcher, follow, log_tail
 
     ds = args.ds or datetime.now(UTC).date().isoformat()
-    conf = run_conf(args.corpus, ds, args.param)
+    given = list(args.param)
+    if not any(g.partition("=")[0].strip() == "review" for g in given):  # a held night: decided, never asked
+        given.append(f"review={getattr(args, 'decision', 'hold')}")
+    conf = run_conf(args.corpus, ds, given)
     run = RunLayout.of(args.corpus, ds)
     from stoker_local import services
 
@@ -93,6 +96,7 @@ def apply_decision(run: RunLayout, choice: str) -> None:
 
     from stoker.gate import human_decision
     from stoker.layout import LineLayout
+    from stoker.lines import read_night
     from stoker.manifest import read_manifest
     from stoker.plan import read_plan
 
@@ -104,6 +108,10 @@ def apply_decision(run: RunLayout, choice: str) -> None:
     m = read_manifest(run.run_dir)
     line = read_plan(run.plan).corpus.train.line or m.corpus
     print(f"held by the gate: {decision.get('why')}")
+    now = (read_night(LineLayout.of(line).night(m.ds, m.corpus)).get("decision") or {})
+    if now.get("by", "gate") != "gate":  # the run's review step decided already (the run's eval.review)
+        print(f"  night {m.ds}.{m.corpus} of line {line} is now {now['decision']} ({now['by']})")
+        return
     if choice == "hold":
         print(f"  the line's head stays; to promote it anyway: stoker lines decide {line} {m.ds}.{m.corpus} promote")
         return
@@ -125,7 +133,13 @@ def _refresh_on_stack(corpus: str, ds: str, conf: dict[str, Any], run: RunLayout
     watcher, live = RunWatcher(run, since), LiveLine()
     page = f"{api.base}/dags/{dag}/runs/{run_id}"
     try:
-        state = stack_refresh.follow_run(api, dag, run_id, lambda: live.show(*watcher.line(time.time()), time.time()))
+        answered: list[str] = []
+
+        def show() -> None:
+            if not answered and stack_refresh.answer_review(api, dag, run_id, decision, live.say):
+                answered.append(decision)
+            live.show(*watcher.line(time.time()), time.time())
+        state = stack_refresh.follow_run(api, dag, run_id, show)
     except KeyboardInterrupt:
         stack_refresh.stop_run(api, dag, run_id)
         stopped = stop_trainers(run)

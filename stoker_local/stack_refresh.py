@@ -72,6 +72,21 @@ def start_night(api: StackApi, dag: str, ds: str, conf: dict[str, Any], say: Cal
     return str(run["dag_run_id"])
 
 
+def answer_review(api: StackApi, dag: str, run_id: str, choice: str, say: Callable[[str], None]) -> bool:
+    """The run's review step waiting for a person (the gate held the night, the run's ``eval.review`` is ask):
+    the terminal's ``--decision`` answers it through the REST API, as a person would in the UI."""
+    from stoker.gate import REVIEW_OPTIONS, REVIEW_TASK
+
+    tis = api.call("GET", f"/dags/{dag}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    if not any(t["task_id"] == REVIEW_TASK and t["state"] == "awaiting_input" for t in tis):
+        return False
+    label = next(k for k, v in REVIEW_OPTIONS.items() if v == choice)
+    api.call("PATCH", f"/dags/{dag}/dagRuns/{run_id}/taskInstances/{REVIEW_TASK}/-1/hitlDetails",
+             json={"chosen_options": [label]})
+    say(f"{dag}: the review step asked about the held night; answered {label!r} (--decision {choice})")
+    return True
+
+
 def follow_run(api: StackApi, dag: str, run_id: str, show: Callable[[], None], poll: float = 3.0) -> str:
     """Show the live line until the run finishes (a cleared run is queued again as the clear returns); its
     final state."""

@@ -85,7 +85,7 @@ DAG_TEST = """
 import json, sys
 from datetime import datetime, timezone
 import dags.refresh_dags as m
-run = m.refresh_sample.test(logical_date=datetime(2026, 12, 1, tzinfo=timezone.utc))
+run = m.refresh_sample.test(logical_date=datetime(2026, 12, 1, tzinfo=timezone.utc), run_conf={"review": "hold"})
 print("STATE=" + json.dumps(str(run.state)))
 """
 
@@ -302,7 +302,7 @@ from datetime import datetime, timezone
 import dags.refresh_dags as m
 # a smaller drop of the same kinds of records: this test is about the connection, not the volume
 run = m.refresh_sample.test(logical_date=datetime(2026, 12, 9, tzinfo=timezone.utc),
-                            run_conf={"source_uri": sys.argv[1]})
+                            run_conf={"source_uri": sys.argv[1], "review": "hold"})
 print("STATE=" + json.dumps(str(run.state)))
 """
 

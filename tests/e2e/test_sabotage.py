@@ -37,7 +37,8 @@ DAG_RUN = """
 import json, sys
 from datetime import datetime, timezone
 import dags.refresh_dags as m
-run = getattr(m, "refresh_" + sys.argv[1]).test(logical_date=datetime.fromisoformat(sys.argv[2] + "T00:00:00+00:00"))
+run = getattr(m, "refresh_" + sys.argv[1]).test(logical_date=datetime.fromisoformat(sys.argv[2] + "T00:00:00+00:00"),
+                                                 run_conf={"review": sys.argv[3]})
 print("STATE=" + json.dumps(str(run.state)))
 """
 
@@ -84,10 +85,11 @@ def sabotage_corpora(root: Path, sample_data: Path, shards: dict[str, tuple[str,
     return folder
 
 
-def run_night(corpora: Path, ds: str) -> dict:
-    """Night ``ds`` through the DAG; its run summary."""
+def run_night(corpora: Path, ds: str, review: str = "hold") -> dict:
+    """Night ``ds`` through the DAG, a held night decided by the run param ``review`` without asking; its run
+    summary."""
     env = {**os.environ, "STOKER_CORPORA": str(corpora)}
-    out = subprocess.run([sys.executable, "-c", DAG_RUN, CORPUS, ds], cwd=REPO, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", DAG_RUN, CORPUS, ds, review], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=900)
     assert 'STATE="success"' in out.stdout, out.stdout[-5000:] + out.stderr[-5000:]
     return json.loads(RunLayout.of(CORPUS, ds).summary.read_text())
@@ -119,7 +121,7 @@ def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_hel
         SHUFFLED, CORPUS).card.read_text()
 
     (corpora / "recipes" / f"{CORPUS}.yaml").write_text(RECIPE + "lr: 0.1\n")  # 100 x debug_cpu's 1e-3
-    hot = run_night(corpora, HOT)
+    hot = run_night(corpora, HOT, review="roll-back")  # the review step decides without asking
     decision = hot["eval"]["decision"]
     assert decision["decision"] == "held", decision
     assert "night" in {r["set"] for r in decision["regressions"]}, decision
@@ -134,6 +136,9 @@ def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_hel
     shown = json.loads(cli.stdout)["eval"]
     assert shown["decision"]["decision"] == "held" and shown["decision"]["regressions"]
     assert shown["sets"]["night"]["all"]["delta"] > 0
+    record = json.loads(line.night(HOT, CORPUS).record.read_text())  # the run param's roll-back, the gate's hold kept
+    assert record["decision"]["decision"] == "rolled_back" and "eval.review (roll-back)" in record["decision"]["by"]
+    assert record["decision"]["previous"]["decision"] == "held"
     overrule_from_a_terminal(line, capsys)
 
 
@@ -142,12 +147,14 @@ def overrule_from_a_terminal(line: LineLayout, capsys) -> None:
     terminal); `stoker lines decide` promotes a held night or rolls the head back later."""
     from stoker_local.refresh import apply_decision
 
-    apply_decision(RunLayout.of(CORPUS, HOT), "hold")
-    assert f"stoker lines decide {CORPUS} {HOT}.{CORPUS} promote" in capsys.readouterr().out
-    apply_decision(RunLayout.of(CORPUS, HOT), "roll-back")
-    record = json.loads(line.night(HOT, CORPUS).record.read_text())
+    apply_decision(RunLayout.of(CORPUS, SHUFFLED), "hold")
+    assert f"stoker lines decide {CORPUS} {SHUFFLED}.{CORPUS} promote" in capsys.readouterr().out
+    apply_decision(RunLayout.of(CORPUS, HOT), "roll-back")  # the run's review step decided it already: not again
+    assert "is now rolled_back" in capsys.readouterr().out
+    assert "previous" not in json.loads(line.night(HOT, CORPUS).record.read_text())["decision"]["previous"]
+    apply_decision(RunLayout.of(CORPUS, SHUFFLED), "roll-back")
+    record = json.loads(line.night(SHUFFLED, CORPUS).record.read_text())
     assert record["decision"]["decision"] == "rolled_back" and "--decision roll-back" in record["decision"]["by"]
-    assert record["decision"]["previous"]["decision"] == "held"
 
     def stoker(*args: str) -> str:
         return subprocess.run([sys.executable, "-m", "stoker_local.cli", *args], capture_output=True, text=True,

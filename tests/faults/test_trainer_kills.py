@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from airflow.models import TaskInstance
 from airflow.utils.session import create_session
 import dags.refresh_dags as m
-run = m.refresh_trainkill.test(logical_date=datetime(2026, 12, 7, tzinfo=timezone.utc))
+run = m.refresh_trainkill.test(logical_date=datetime(2026, 12, 7, tzinfo=timezone.utc), run_conf={"review": "hold"})
 with create_session() as s:
     tis = s.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id)
     print("TRIES=" + json.dumps({ti.task_id: ti.try_number for ti in tis}))

@@ -141,3 +141,20 @@ def test_lines_show_marks_each_nights_decision_and_plots_its_figure(tmp_path, mo
     text = catalog.render_line("l", rows).splitlines()
     assert "rolled_back (by hand)" in text[3] and "2.6000 ############" in text[3]
     assert text[4].startswith("* 2026-12-03.c") and "2.2000 #           " in text[4]
+
+
+def test_the_review_step_shows_the_figures_and_names_who_answered_or_that_nobody_did():
+    from stoker.gate import CHOICES, REVIEW_OPTIONS
+    from stoker.holdout import REVIEWS, EvalConfig
+    from stoker.exceptions import ConfigError
+    from stoker_airflow.review import figures_markdown, who_answered
+
+    assert sorted(REVIEW_OPTIONS.values()) == sorted(CHOICES) and REVIEWS[1:] == tuple(CHOICES)
+    forgot = _result(night=(2.10, 2.30, 0.02), **{"forgetting:2026-12-01.a": (2.60, 2.40, 0.01)})
+    body = figures_markdown(forgot, decide(forgot, "head", 2.0, 0.01), "pair", "2026-12-02.a")
+    assert "The gate held night **2026-12-02.a** of line **pair**: forgetting:2026-12-01.a: 2.6000" in body
+    assert "Regressed: forgetting:2026-12-01.a." in body and "| forgetting:2026-12-01.a | 20 | 2.6000" in body
+    assert who_answered({"responded_by_user": {"id": "7", "name": "ann"}}, 60) == "ann (Airflow review)"
+    assert who_answered({"responded_by_user": None}, 60) == "nobody within eval.approval_timeout_s (60 s)"
+    with pytest.raises(ConfigError, match=r"eval.approval_timeout_s = 0: must be in \[1, 2592000\]"):
+        EvalConfig(approval_timeout_s=0)

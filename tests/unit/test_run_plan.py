@@ -31,10 +31,13 @@ def test_params_apply_to_the_config_and_are_validated_once(corpus):
     plan = plan_run(corpus, "2026-12-03", {"seq_len": "512", "source_uri": "/other/{ds}"}, attempt=2)
     assert plan.corpus.pack.seq_len == 512 and plan.corpus.source.uri == "/other/{ds}"
     assert plan.source_uri == "/other/2026-12-03" and plan.topic == run_topic("web", "2026-12-03", 2)
-    assert plan.params == {"source_uri": "/other/{ds}", "seq_len": 512, "spark_partitions": 4}
+    assert plan.params == {"source_uri": "/other/{ds}", "seq_len": 512, "spark_partitions": 4, "review": "ask"}
+    assert plan_run(corpus, "2026-12-03", {"review": "roll-back"}).corpus.eval.review == "roll-back"
+    with pytest.raises(ConfigError, match=r"eval.review = 'maybe': must be one of ask, promote, hold, roll-back"):
+        plan_run(corpus, "2026-12-03", {"review": "maybe"})
     with pytest.raises(ConfigError, match=r"pack.seq_len = 1: must be in \[2, 1048576\]"):
         plan_run(corpus, "2026-12-03", {"seq_len": 1})
-    with pytest.raises(ConfigError, match=r"param 'seq_length' is not a run param; allowed: \['seq_len'"):
+    with pytest.raises(ConfigError, match=r"param 'seq_length' is not a run param; allowed: \['review', 'seq_len'"):
         plan_run(corpus, "2026-12-03", {"seq_length": 512})
     with pytest.raises(ConfigError, match=r"publish.spark_partitions = 0: must be in \[1, 100000\]"):
         plan_run(corpus, "2026-12-03", {"spark_partitions": 0})
@@ -67,6 +70,10 @@ def test_the_dags_param_form_comes_from_the_run_params():
     assert (schema["minimum"], schema["maximum"]) == config.SEQ_LEN_BOUNDS
     schema = params.get_param("spark_partitions").schema
     assert (schema["minimum"], schema["maximum"]) == config.SPARK_PARTITIONS_BOUNDS
+    assert params.get_param("review").schema["enum"] == ["ask", "promote", "hold", "roll-back"]  # a drop-down
+    review = m.refresh_sample.get_task("training.review")
+    assert review.options == ["Promote", "Hold", "Roll back"] and review.defaults == ["Hold"]
+    assert dict(review.params) == {}  # the run's params are not questions to the reviewer
 
 
 def test_the_publish_task_writes_the_plan_and_the_train_task_reads_its_line_from_it(corpus):
