@@ -200,3 +200,30 @@ def first_night(kafka_config: dict, sample_corpus: dict, tmp_path: Path, line: s
     wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
                  files.folder)
     return str(join_line(settings, m, files).folder)
+
+
+def pretrain_deepseek(tokenizer: Path, docs: list[str], out: Path, seq_len: int, steps: int = 40) -> float:
+    """A small DeepSeek-V3, pre-trained for a few plain-torch steps and saved with save_pretrained; its
+    last training loss."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from stoker.recipes import debug_cpu
+    from training.model import build_model
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    eos, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>")
+    ids = [i for e in tok.encode_batch(docs, add_special_tokens=False) for i in [*e.ids, eos]]
+    model = build_model(debug_cpu(), tok.get_vocab_size(), seq_len, eos, pad)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    data = torch.tensor(ids[: (len(ids) // (seq_len + 1)) * (seq_len + 1)]).view(-1, seq_len + 1)
+    loss = torch.tensor(0.0)
+    for step in range(steps):
+        batch = data[(step * 8) % (len(data) - 8):][:8]
+        out_ = model(input_ids=batch[:, :-1], labels=batch[:, :-1].clone(), use_cache=False)
+        loss = out_.loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(str(out))
+    return float(loss)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_tools import launch_logs, launch_trainer, publish_text_run, wait_trainer
+from trainer_tools import launch_logs, launch_trainer, pretrain_deepseek, publish_text_run, wait_trainer
 
 from stoker import kafka as skafka
 from stoker.exceptions import StokerError
@@ -91,33 +91,6 @@ def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_
         skafka.delete_topics(kafka_config, topics)
 
 
-def _pretrain_deepseek(tokenizer: Path, docs: list[str], out: Path) -> float:
-    """A small DeepSeek-V3, pre-trained for a few plain-torch steps and saved with save_pretrained; its
-    last training loss."""
-    import torch
-    from tokenizers import Tokenizer
-
-    from stoker.recipes import debug_cpu
-    from training.model import build_model
-
-    tok = Tokenizer.from_file(str(tokenizer))
-    eos, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>")
-    ids = [i for e in tok.encode_batch(docs, add_special_tokens=False) for i in [*e.ids, eos]]
-    model = build_model(debug_cpu(), tok.get_vocab_size(), SEQ_LEN, eos, pad)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    data = torch.tensor(ids[: (len(ids) // (SEQ_LEN + 1)) * (SEQ_LEN + 1)]).view(-1, SEQ_LEN + 1)
-    loss = torch.tensor(0.0)
-    for step in range(40):
-        batch = data[(step * 8) % (len(data) - 8):][:8]
-        out_ = model(input_ids=batch[:, :-1], labels=batch[:, :-1].clone(), use_cache=False)
-        loss = out_.loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.save_pretrained(str(out))
-    return float(loss)
-
-
 def _first_batch_loss(folder: Path, kafka_config: dict, m) -> float:
     """The HF model's mean loss on the trainer's first batch: one rank, micro-batch 2, so the first record
     of each of the two partitions (the order rule: the least advanced partition first)."""
@@ -138,7 +111,7 @@ def _first_batch_loss(folder: Path, kafka_config: dict, m) -> float:
 
 def test_a_line_starts_from_a_local_hugging_face_folder_and_continues(kafka_config, sample_corpus, docs, tmp_path):
     start = tmp_path / "pretrained-deepseek"
-    pretrained_loss = _pretrain_deepseek(sample_corpus["tokenizer"], docs[1000:1400], start)
+    pretrained_loss = pretrain_deepseek(sample_corpus["tokenizer"], docs[1000:1400], start, SEQ_LEN)
     settings = LineSettings(line=f"it_hf_{time.time_ns()}", init=str(start))
     topics: list[str] = []
     try:

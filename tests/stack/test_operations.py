@@ -3,7 +3,8 @@ PostgreSQL, api-server, scheduler, dag-processor, triggerer with LocalExecutor, 
 
 The tests share one stack and run in file order: a refresh triggered from the UI in headless
 Chromium, the scheduled nightly run, a CLI backfill of two nights and the re-run of one, a run
-without a logical date, and last `stoker down` leaving no process behind.
+without a logical date, a night the gate holds decided in the UI and from a terminal, and last `stoker down`
+leaving no process behind.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainer_tools import pretrain_deepseek
 
 from stoker import kafka as skafka
 from stoker.manifest import read_manifest
@@ -83,6 +85,36 @@ train:
   world_size: 1
   timeout_s: 900
   line: pair
+"""
+
+
+GATED = """\
+name: gated
+description: A line started from a model pre-trained on English; its night trains on gibberish, the gate holds it.
+source:
+  uri: "{state}/data/gated/{ds}"
+  format: jsonl
+  poke_interval_s: 2
+  timeout_s: 120
+tokenizer:
+  path: "{state}/tokenizers/sample-bpe-8192/tokenizer.json"
+pack:
+  seq_len: 64
+topic:
+  partitions: 2
+publish:
+  spark_partitions: 2
+schedule:
+  cron: null
+  start_date: 2026-01-01
+eval:
+  holdout_per_mille: 100
+  approval_timeout_s: 900
+train:
+  recipe: debug_cpu
+  world_size: 1
+  timeout_s: 900
+  init: "START"
 """
 
 
@@ -175,6 +207,7 @@ def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
     (home / "corpora" / "nightly.yaml").write_text(NIGHTLY)
     for name in ("pair_a", "pair_b"):
         (home / "corpora" / f"{name}.yaml").write_text(PAIR.format(name=name))
+    (home / "corpora" / "gated.yaml").write_text(GATED.replace("START", str(home / "models" / "start")))
     shutil.copytree(sample_corpus["tokenizer"].parent, home / "tokenizers" / "sample-bpe-8192")
     # a smaller sample (same kinds of records, bad ones included) keeps a UI-triggered run short
     sample.write_corpus(home / "data" / "sample", shards=2, max_docstring_bytes=120_000)
@@ -194,6 +227,34 @@ def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
             docs = texts[2000 + (2 * i + j) * 30:2000 + (2 * i + j + 1) * 30]
             (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
             (folder / "_SUCCESS").write_text("")
+    _gated_night(home, sample_corpus, texts)
+
+
+def _gated_night(home: Path, sample_corpus: dict[str, Path], texts: list[str]) -> None:
+    """Line `gated` starts from a model pre-trained on English (its baseline); its night's drop holds out only
+    English documents (the held-out choice is the digest of the clean text) and trains only on gibberish: the
+    night is worse on its held-out documents (7.3 -> 12 nats a token, measured in plain torch), held."""
+    import hashlib
+    import random
+    import unicodedata
+
+    from stoker.holdout import held_out
+
+    def kept(t: str) -> bool:  # the tenth of documents the night holds out (eval.holdout_per_mille 100)
+        return held_out(hashlib.sha256(t.encode()).digest(), 100)
+
+    pretrain_deepseek(sample_corpus["tokenizer"], texts[1000:1400], home / "models" / "start", 64, steps=80)
+    english = [t for t in (unicodedata.normalize("NFC", x).strip() for x in texts[2200:3000]) if kept(t)][:12]
+    rng, gibberish = random.Random(3), []
+    while len(gibberish) < 80:
+        t = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+                     for _ in range(60))
+        if not kept(t):
+            gibberish.append(t)
+    folder = home / "data" / "gated" / datetime.now(UTC).date().isoformat()
+    folder.mkdir(parents=True)
+    (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english + gibberish))
+    (folder / "_SUCCESS").write_text("")
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +323,19 @@ def test_login_required(local_stack: StackEnv):
     r = httpx.post(f"{local_stack.api}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=10)
     assert r.status_code in (401, 403)
     dags = {d["dag_id"] for d in local_stack.rest("GET", "/dags")["dags"]}
-    assert dags == {"refresh_sample", "refresh_nightly", "refresh_pair_a", "refresh_pair_b"}
+    assert dags == {"refresh_sample", "refresh_nightly", "refresh_pair_a", "refresh_pair_b", "refresh_gated"}
+
+
+def _logged_in(browser: Any, s: StackEnv) -> Any:
+    """A page of the stack's UI, signed in as admin."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    page.goto(f"{s.api}/")
+    page.locator("input[name=username]").fill("admin")
+    page.locator("input[name=password]").fill(s.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{s.api}/")
+    return page
 
 
 def test_trigger_from_the_ui_with_a_changed_param(local_stack: StackEnv):
@@ -274,14 +347,8 @@ def test_trigger_from_the_ui_with_a_changed_param(local_stack: StackEnv):
     with sync_playwright() as p:
         assert CHROMIUM, "Chromium not found: `make test` installs Debian's chromium, or set STOKER_CHROMIUM"
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
+        page = _logged_in(browser, s)
         try:
-            page.goto(f"{s.api}/")
-            page.locator("input[name=username]").fill("admin")
-            page.locator("input[name=password]").fill(s.password)
-            page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(f"{s.api}/")
             page.goto(f"{s.api}/dags/refresh_sample")
             expect(page.get_by_text("await_source")).to_be_visible()
             page.get_by_role("button", name="Trigger Dag").click()
@@ -431,6 +498,64 @@ def test_a_run_triggered_without_a_logical_date(local_stack: StackEnv):
     if earlier is not None:
         assert after["sequences"] == earlier["sequences"]
         assert after["manifest"].created_at >= earlier["manifest"].created_at
+
+
+def _await_review(s: StackEnv, dag: str, run_id: str, timeout: float = 900) -> dict[str, Any]:
+    """The run's review step waiting for a person; what it asks (the REST API's hitlDetails)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tis = {t["task_id"]: t["state"] for t in
+               s.rest("GET", f"/dags/{dag}/dagRuns/{run_id}/taskInstances")["task_instances"]}
+        if tis.get("training.review") == "awaiting_input":
+            return s.rest("GET", f"/dags/{dag}/dagRuns/{run_id}/taskInstances/training.review/-1/hitlDetails")
+        assert "failed" not in tis.values() and tis.get("training.review") not in ("skipped", "success"), (
+            tis, s.failure_logs(dag))
+        assert time.monotonic() < deadline, tis
+        time.sleep(2)
+
+
+def test_a_held_night_waits_for_a_person_in_the_ui_and_a_terminal_answers_through_rest(local_stack: StackEnv):
+    """Line `gated` starts from a pre-trained model; its night, trained on gibberish, is worse on its held-out
+    English documents: the gate holds it and the review step asks. The REST API shows the figures; a person rolls it
+    back in the UI's Required actions. `stoker refresh` of the same night on the stack is asked again and
+    answers with its --decision through the REST API, never waiting on a question. The line gets no head."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from stoker.layout import LineLayout
+    from stoker.lines import head
+
+    s, dag, today = local_stack, "refresh_gated", datetime.now(UTC).date().isoformat()
+    line = LineLayout(s.home / "lines" / "gated")
+    s.rest("PATCH", f"/dags/{dag}", json={"is_paused": False})
+    run_id = s.rest("POST", f"/dags/{dag}/dagRuns", json={"logical_date": f"{today}T02:00:00Z"})["dag_run_id"]
+    asked = _await_review(s, dag, run_id)
+    assert asked["options"] == ["Promote", "Hold", "Roll back"] and asked["defaults"] == ["Hold"]
+    assert f"Night {today}.gated of line gated was held by the gate" in asked["subject"]
+    assert "Regressed: night" in asked["body"] and "| night |" in asked["body"], asked["body"]
+    out = ARTIFACTS / "ui"
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = _logged_in(browser, s)
+        try:
+            page.goto(f"{s.api}/dags/{dag}/runs/{run_id}/tasks/training.review/required_actions")
+            expect(page.get_by_text("Regressed: night").first).to_be_visible()
+            page.screenshot(path=str(out / "review.png"), full_page=True)
+            page.get_by_role("button", name="Roll back").click()
+            s.wait_runs(dag, lambda r: r["dag_run_id"] == run_id, 1, timeout=300)
+        finally:
+            page.screenshot(path=str(out / "review-last.png"))
+            browser.close()
+    record = json.loads(line.night(today, "gated").record.read_text())
+    assert record["decision"]["decision"] == "rolled_back", record["decision"]
+    assert record["decision"]["by"] == "admin (Airflow review)" and record["decision"]["previous"]["by"] == "gate"
+    assert head(line) is None  # a held night never becomes the head
+
+    res = s.stoker("refresh", "gated", "--ds", today, "--decision", "hold", timeout=900)
+    assert "answered 'Hold' (--decision hold)" in res.stdout, res.stdout[-3000:]
+    record = json.loads(line.night(today, "gated").record.read_text())
+    assert (record["decision"]["decision"], record["decision"]["by"]) == ("held", "admin (Airflow review)")
+    assert head(line) is None
 
 
 def test_down_stops_everything_up_started(local_stack: StackEnv):
