@@ -19,6 +19,7 @@ BENCHMARKS.md records.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -76,9 +78,34 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10)
     args = ap.parse_args()
 
+    results_file = REPO / ".stoker" / "bench" / "sabotage.jsonl"
+    results_file.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    with environment() as (home, data), tempfile.TemporaryDirectory(dir=home) as tmp:
+        for i in range(args.trials):
+            rows += trial(i, Path(tmp), data)
+            with results_file.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows if r["trial"] == i)
+    print("\n| night | trials | decisions | as expected | change on its own set (mean) | change on the first "
+          "night's (mean) | seconds (mean) |\n|---|---|---|---|---|---|---|")
+    for kind in KINDS:
+        got = [r for r in rows if r["kind"] == kind]
+        ok = f"{Counter(r['decision'] == EXPECTED[kind] for r in got)[True]}/{len(got)}" if kind in EXPECTED else "-"
+        seen = ", ".join(f"{d} {n}" for d, n in sorted(Counter(r["decision"] for r in got).items()))
+        own = _mean([r["changes"].get("night") for r in got])
+        first = _mean([r["changes"][min(k for k in r["changes"] if k.startswith("forgetting:"))] for r in got
+                       if any(k.startswith("forgetting:") for k in r["changes"])])  # the earliest: the first night
+        print(f"| {kind} | {len(got)} | {seen} | {ok} | {own:+.3f} | {first:+.3f} | "
+              f"{_mean([r['seconds'] for r in got]):.0f} |")
+
+
+@contextlib.contextmanager
+def environment() -> Iterator[tuple[Path, Path]]:
+    """The suite's environment (its Airflow home, its broker port) in the bench's state folder, with the
+    sample corpus and tokenizer: (home, the sample's data folder)."""
     import subprocess
 
-    from conftest import TEST_KAFKA_PORT  # the suite's environment: Airflow home, broker port
+    from conftest import TEST_KAFKA_PORT
 
     from stoker_local import broker as stack
     from stoker_local import sample
@@ -91,28 +118,10 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
     broker = stack.Broker(home=home / "kafka", port=TEST_KAFKA_PORT)
     stack.up(broker)
-    results_file = REPO / ".stoker" / "bench" / "sabotage.jsonl"
-    results_file.parent.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
     try:
-        with tempfile.TemporaryDirectory(dir=home) as tmp:
-            for i in range(args.trials):
-                rows += trial(i, Path(tmp), data)
-                with results_file.open("a") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in rows if r["trial"] == i)
+        yield home, data
     finally:
         stack.down(broker)
-    print("\n| night | trials | decisions | as expected | change on its own set (mean) | change on the first "
-          "night's (mean) | seconds (mean) |\n|---|---|---|---|---|---|---|")
-    for kind in KINDS:
-        got = [r for r in rows if r["kind"] == kind]
-        ok = f"{Counter(r['decision'] == EXPECTED[kind] for r in got)[True]}/{len(got)}" if kind in EXPECTED else "-"
-        seen = ", ".join(f"{d} {n}" for d, n in sorted(Counter(r["decision"] for r in got).items()))
-        own = _mean([r["changes"].get("night") for r in got])
-        first = _mean([r["changes"][min(k for k in r["changes"] if k.startswith("forgetting:"))] for r in got
-                       if any(k.startswith("forgetting:") for k in r["changes"])])  # the earliest: the first night
-        print(f"| {kind} | {len(got)} | {seen} | {ok} | {own:+.3f} | {first:+.3f} | "
-              f"{_mean([r['seconds'] for r in got]):.0f} |")
 
 
 def _mean(xs: list) -> float:

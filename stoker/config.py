@@ -279,7 +279,13 @@ class TrainConfig:
     lr_schedule: str = "rewarm"
     """Across nights: ``rewarm`` warms up and cosine-decays again over each night's steps (re-warming
     and re-decaying, as in continual pre-training); ``constant`` warms up on the line's first night
-    only, then holds the peak LR (the stable phase of a warmup-stable-decay schedule)."""
+    only, then holds the peak LR (the stable phase of a warmup-stable-decay schedule); ``wsd`` holds it
+    too, and the night's last ``cooldown_share`` of steps decay it: the released model (export, evaluation,
+    gate) is that cooled-down branch, and the next night continues the weights and optimizer state from
+    before the cooldown (the line's trunk)."""
+    cooldown_share: float = 0.1
+    """``wsd``: the share of a night's optimizer steps in its cooldown (at least one step), the LR going
+    linearly from the peak to the recipe's ``min_lr_ratio`` x lr. In (0, 0.5]."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -302,11 +308,14 @@ class TrainConfig:
         if self.line and not _NAME_RE.match(self.line):
             raise _fail("train.line", self.line, "must match [a-z][a-z0-9_]{0,63} (it names an Airflow pool)")
         for name, allowed in (("older_nights", ("branch", "refuse")), ("optimizer", ("carry", "fresh")),
-                              ("lr_schedule", ("rewarm", "constant"))):
+                              ("lr_schedule", ("rewarm", "constant", "wsd"))):
             if getattr(self, name) not in allowed:
                 raise _fail(f"train.{name}", getattr(self, name), f"must be one of {list(allowed)}")
         if not self.init:
             raise _fail("train.init", self.init, "must be 'random' or a local Hugging Face model folder")
+        if not 0 < self.cooldown_share <= 0.5:
+            raise _fail("train.cooldown_share", self.cooldown_share, "must be in (0, 0.5] (a share of the night's "
+                        "optimizer steps)")
 
 
 @dataclass(kw_only=True, slots=True)

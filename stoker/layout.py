@@ -30,6 +30,8 @@ _ATTEMPT = re.compile(r"(?P<run>.+)\.a(?P<attempt>\d+)")
 
 
 CHECKPOINT_TAG = re.compile(r"step\d{8}")
+FORK_FILE = "fork.json"
+"""``wsd``: in a trainer's checkpoint folder, the tag of the state before the night's cooldown."""
 CHECKPOINT_COMPLETE = "stoker_complete.json"
 """Written into a checkpoint tag's folder after every rank saved its part (a barrier): only such a tag
 is ever resumed, promoted or kept by pruning. DeepSpeed's own ``latest`` is written before the other
@@ -85,6 +87,16 @@ class TrainerFiles:
     @property
     def export(self) -> Path:
         return self.folder / "hf"
+
+    @property
+    def trunk(self) -> Path:
+        """``wsd``: the weights before the night's cooldown (an HF folder), which the next night continues."""
+        return self.folder / "trunk"
+
+    @property
+    def fork(self) -> Path:
+        """``wsd``: which checkpoint tag holds the state before the cooldown (kept by pruning, joined to the line)."""
+        return self.checkpoints / FORK_FILE
 
     @property
     def metrics(self) -> Path:
@@ -230,6 +242,11 @@ class NightFiles:
     @property
     def model(self) -> Path:
         return self.folder / "hf"
+
+    @property
+    def trunk(self) -> Path:
+        """``wsd``: the weights before the night's cooldown; the next night starts from them, not from ``model``."""
+        return self.folder / "trunk"
 
     @property
     def card(self) -> Path:

@@ -46,7 +46,7 @@ from typing import Any
 
 from stoker import paths
 from stoker.exceptions import ConfigError, StokerError
-from stoker.layout import CHECKPOINT_COMPLETE, LineLayout, NightFiles, complete_checkpoints
+from stoker.layout import CHECKPOINT_COMPLETE, FORK_FILE, LineLayout, NightFiles, complete_checkpoints
 from stoker.manifest import atomic_write_json, sha256_file
 
 
@@ -59,13 +59,14 @@ class LineSettings:
     older_nights: str = "branch"
     optimizer: str = "carry"
     lr_schedule: str = "rewarm"
+    cooldown_share: float = 0.1
 
     @classmethod
     def of(cls, train: Any) -> LineSettings:
         return cls(line=train.line, init=train.init, older_nights=train.older_nights, optimizer=train.optimizer,
-                   lr_schedule=train.lr_schedule)
+                   lr_schedule=train.lr_schedule, cooldown_share=train.cooldown_share)
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
@@ -300,15 +301,23 @@ def _link_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=link)
 
 
-def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, holdout: Path | None = None) -> NightFiles:
+def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, holdout: Path | None = None,
+            trunk: Path | None = None) -> NightFiles:
     """Record a finished night in its line: its final complete checkpoint, its HF export with a model
     card, its held-out documents, its record last, in a new folder of the line's store; then the night's
     link is swapped to it in one rename, so a reader (or a crash) sees the old night or the whole new one.
+    ``wsd``: the checkpoint is the state before the cooldown (``FORK_FILE``) and ``trunk`` its weights, which
+    the next night continues; the export is the cooled-down model.
     Store folders that no link names (a replaced night, a crash's leftovers) are removed."""
     complete = complete_checkpoints(checkpoints)
     if not complete:
         raise StokerError(f"{checkpoints}: no complete checkpoint to promote (none marked "
                           f"{CHECKPOINT_COMPLETE}): the night's trainer did not finish saving")
+    fork = checkpoints / FORK_FILE
+    if trunk is not None and fork.is_file():
+        complete = [json.loads(fork.read_text())["tag"]]
+        if not (checkpoints / complete[0] / CHECKPOINT_COMPLETE).is_file():
+            raise StokerError(f"{fork}: names checkpoint {complete[0]}, which is not complete")
     final = line.night(night.ds, night.corpus)
     night.seq = max((int(r.get("seq", 0)) for r, _ in joined_nights(line)), default=0) + 1
     new = NightFiles(line.store / f"{final.folder.name}.{night.seq}.{os.getpid()}")
@@ -317,6 +326,8 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
     _link_tree(checkpoints / complete[-1], new.checkpoint / complete[-1])
     (new.checkpoint / "latest").write_text(complete[-1])
     _link_tree(export, new.model)
+    if trunk is not None and fork.is_file():
+        _link_tree(trunk, new.trunk)
     if holdout is not None and holdout.is_dir():
         _link_tree(holdout, new.holdout)
     new.card.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from stoker import kafka as skafka
 from stoker.exceptions import StokerError
-from stoker.layout import CHECKPOINT_COMPLETE, CHECKPOINT_TAG, checkpoint_tag, complete_checkpoints
+from stoker.layout import CHECKPOINT_COMPLETE, CHECKPOINT_TAG, FORK_FILE, checkpoint_tag, complete_checkpoints
 from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.train.checkpoint")
@@ -79,6 +79,9 @@ def prune(ckpt_dir: Path, keep: int) -> list[str]:
     life's half-saved tags included). Called after a save is complete on every rank, so a kill in
     between leaves one more checkpoint, never fewer."""
     kept = set(complete_checkpoints(ckpt_dir)[-keep:])
+    fork = ckpt_dir / FORK_FILE  # wsd: the state before the cooldown, which the line keeps
+    if kept and fork.is_file():
+        kept.add(json.loads(fork.read_text())["tag"])
     tags = sorted(d.name for d in ckpt_dir.iterdir() if d.is_dir() and CHECKPOINT_TAG.fullmatch(d.name))
     gone = [t for t in tags if t not in kept] if kept else []
     for tag in gone:

@@ -11,11 +11,12 @@ from stoker.layout import TrainerFiles
 from stoker.manifest import Manifest
 
 
-def export(engine: Any, manifest: Manifest, files: TrainerFiles) -> Path:
+def export(engine: Any, manifest: Manifest, files: TrainerFiles, target: Path | None = None) -> Path:
     """An HF folder loadable offline by ``AutoModelForCausalLM.from_pretrained`` (+ the tokenizer file),
     written by rank 0. Called on every rank: under ZeRO-3 each rank holds only a shard of each weight
     (the module's own tensors are empty placeholders), so the full weights are gathered first, a
-    collective that holds the whole model in every rank's memory for the save."""
+    collective that holds the whole model in every rank's memory for the save. ``target``: another folder
+    than the export (``wsd``'s trunk)."""
     import contextlib
 
     import torch.distributed as dist
@@ -27,13 +28,14 @@ def export(engine: Any, manifest: Manifest, files: TrainerFiles) -> Path:
         gathered = deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
     with gathered:
         if dist.get_rank() == 0:  # new files, swapped in: a joined night's folder holds hard links to the old
-            fresh, old = files.export.with_name("hf.new"), files.export.with_name("hf.old")
+            folder = target or files.export
+            fresh, old = folder.with_name(folder.name + ".new"), folder.with_name(folder.name + ".old")
             shutil.rmtree(fresh, ignore_errors=True)
             engine.module.save_pretrained(str(fresh), safe_serialization=True)
             shutil.copy(manifest.tokenizer_path, fresh / "tokenizer.json")
             shutil.rmtree(old, ignore_errors=True)
-            if files.export.exists():
-                files.export.rename(old)
-            fresh.rename(files.export)
+            if folder.exists():
+                folder.rename(old)
+            fresh.rename(folder)
             shutil.rmtree(old, ignore_errors=True)
-    return files.export
+    return target or files.export

@@ -7,7 +7,9 @@ Policies across nights (the corpus's ``train.optimizer`` and ``train.lr_schedule
 * ``carry`` restores the parent night's AdamW moments; where DeepSpeed cannot load them (another
   ZeRO world size, or a start from an HF folder, which has none) the optimizer starts fresh, logged.
 * ``rewarm`` gives every night a fresh warm-up and cosine decay over its own steps; ``constant``
-  warms up on the line's first night only and holds the peak LR from then on.
+  warms up on the line's first night only and holds the peak LR from then on; ``wsd`` holds it too and
+  cools each night down at its end, the next night continuing the state before the cooldown (its trunk:
+  training/schedule.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ def is_night(init_from: str | None) -> bool:
 
 
 def model_folder(init_from: str) -> Path:
-    return NightFiles(Path(init_from)).model if is_night(init_from) else Path(init_from)
+    """The weights a night continues: a ``wsd`` night's trunk (before its cooldown), else its export."""
+    if not is_night(init_from):
+        return Path(init_from)
+    night = NightFiles(Path(init_from))
+    return night.trunk if night.trunk.is_dir() else night.model
 
 
 def load_model(init_from: str, seq_len: int, vocab_size: int) -> Any:
@@ -66,8 +72,11 @@ def carry_optimizer(engine: Any, init_from: str | None, recipe: TrainRecipe) -> 
         return False
     engine.global_steps = engine.global_samples = engine.skipped_steps = 0  # this night's own counters
     sched = engine.lr_scheduler
-    if sched is not None:  # the loaded param groups carry the parent's last LR: this night's schedule wins
+    if hasattr(sched, "last_batch_iteration"):  # the loaded param groups carry the parent's last LR: ours wins
         sched.step(sched.last_batch_iteration)
+    elif sched is not None:  # a torch scheduler (wsd): its LR of this step
+        for group, lr in zip(engine.optimizer.param_groups, sched.get_last_lr(), strict=False):
+            group["lr"] = lr
     else:
         for group in engine.optimizer.param_groups:
             group["lr"] = recipe.lr

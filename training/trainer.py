@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.client_config import config_from_env
-from stoker.layout import TrainerFiles, consumer_group
+from stoker.layout import TrainerFiles, checkpoint_tag, consumer_group
 from stoker.manifest import Manifest, atomic_write_json, read_manifest
 from stoker.recipes import TrainRecipe, get_recipe
 from training import checkpoint, inherit
@@ -56,30 +56,11 @@ class TrainArgs:
     optimizer: str = "carry"
     """``carry`` the parent night's optimizer state, or start ``fresh`` (training/inherit.py)."""
     lr_schedule: str = "rewarm"
-    """``rewarm`` (warm-up and cosine over this night) or ``constant`` after the line's first night."""
+    """``rewarm`` (warm-up and cosine over this night), ``constant`` after the line's first night, or ``wsd``
+    (constant, then a cooldown over the last ``cooldown_share`` of the night's steps; training/schedule.py)."""
+    cooldown_share: float = 0.1
     set: list[str] = field(default_factory=list)
     """Recipe overrides ``KEY=VALUE`` (``lr=3e-4``, ``model.num_layers=8``), validated like a recipe file."""
-
-
-def ds_config(recipe: TrainRecipe, total_steps: int, scheduled: bool = True) -> dict[str, Any]:
-    """DeepSpeed's config; not ``scheduled``: the recipe's LR throughout, no warm-up."""
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": recipe.micro_batch_size,
-        "gradient_accumulation_steps": recipe.grad_accum_steps,
-        "gradient_clipping": recipe.grad_clip,
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": recipe.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": recipe.weight_decay,
-            "torch_adam": recipe.torch_adam}},
-        "zero_optimization": {"stage": recipe.zero_stage},
-        "bf16": {"enabled": recipe.bf16},
-        "steps_per_print": 1 << 30,
-        "wall_clock_breakdown": False,
-    }
-    if scheduled:
-        config["scheduler"] = {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": max(total_steps, recipe.warmup_steps + 1), "warmup_num_steps": recipe.warmup_steps,
-            "warmup_min_ratio": 0.0, "cos_min_ratio": recipe.min_lr_ratio}}
-    return config
 
 
 def dist_backend(cuda: bool) -> str:
@@ -156,6 +137,7 @@ class Trainer:
         from training.data.kafka_source import KafkaTokenSource
         from training.metrics import Metrics
         from training.model import ExpertLoad, balance_stats, build_model
+        from training.schedule import lr_plan
 
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -176,12 +158,14 @@ class Trainer:
             model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id,
                                 self.pad_id)
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
-        scheduled = not (args.lr_schedule == "constant" and inherit.is_night(args.init_from))
+        config, client_scheduler, self.fork_at = lr_plan(self.recipe, args.lr_schedule, args.cooldown_share,
+                                                         math.ceil(self.manifest.sequences / global_batch),
+                                                         inherit.is_night(args.init_from))
         self._phase(f"starting the DeepSpeed engine (ZeRO {self.recipe.zero_stage}, "
                     f"{'bf16' if self.recipe.bf16 else 'fp32'})")
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config(self.recipe, math.ceil(self.manifest.sequences / global_batch), scheduled))
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config,
+            lr_scheduler=client_scheduler)
         self._phase(f"opening the run topic {self.manifest.topic} (group {self.group_id})")
         self.source = KafkaTokenSource(kafka_config=self.kafka_config, manifest=self.manifest, rank=self.rank,
                                        world=self.world, batch_size=self.recipe.micro_batch_size,
@@ -346,15 +330,32 @@ class Trainer:
         dist.all_gather_object(states, self.source.state_dict())
         return checkpoint.merge_states(states)
 
+    def fork_if_due(self) -> None:
+        """``wsd``: at the last optimizer step before the cooldown (or a resume there), the trunk: its weights
+        as an HF folder, then its checkpoint, then the tag in ``fork.json`` (a kill in between forks again)."""
+        import torch.distributed as dist
+
+        if self.fork_at is None or self.engine.global_steps != self.fork_at or self.files.fork.is_file():
+            return
+        export(self.engine, self.manifest, self.files, target=self.files.trunk)  # every rank (ZeRO-3)
+        self.checkpoint()
+        if self.rank == 0:
+            atomic_write_json(self.files.fork, {"tag": checkpoint_tag(self.progress.step), "step": self.progress.step})
+            log.info("wsd: the trunk before the cooldown, optimizer step %d: %s", self.fork_at, self.files.trunk)
+        dist.barrier()
+
     def train(self) -> dict[str, Any]:
         t_start, wait_start = time.perf_counter(), self.source.wait_seconds
         stats: StepStats | None = None
+        self.fork_if_due()  # a night of one step forks before it; a resume at the fork finishes it
         while self.window or self.args.max_steps is None or self.progress.step < self.args.max_steps:
             stats = self.train_step()  # --max-steps inside a window: the window is finished first
             if stats is None:
                 break
             self.after_step(stats)
-            if self.checkpoint_due(stats):
+            if stats.optimizer_step:
+                self.fork_if_due()
+            if self.checkpoint_due(stats) and self.saved_step != self.progress.step:
                 self.checkpoint()
         if stats is None:  # the data ended (not --max-steps): every sequence of the manifest, exactly
             verify_consumed(self._data_state(), self.manifest)

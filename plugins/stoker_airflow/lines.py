@@ -143,7 +143,8 @@ def init_args(parent: Parent) -> list[str]:
 
 def trainer_args(settings: LineSettings, parent: Parent) -> list[str]:
     """A trainer launched without a run plan: the line's settings as flags."""
-    return [*init_args(parent), "--optimizer", settings.optimizer, "--lr-schedule", settings.lr_schedule]
+    return [*init_args(parent), "--optimizer", settings.optimizer, "--lr-schedule", settings.lr_schedule,
+            "--cooldown-share", str(settings.cooldown_share)]
 
 
 def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles, holdout: Path | None = None) -> NightFiles:
@@ -161,7 +162,7 @@ def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles, holdou
     summary = json.loads(files.summary.read_text())
     night = night_record(manifest, summary, parent)
     export = Path(summary.get("export") or files.export)
-    done = promote(settings.layout, night, files.checkpoints, export, holdout)
+    done = promote(settings.layout, night, files.checkpoints, export, holdout, trunk=files.trunk)
     (export / "README.md").unlink(missing_ok=True)  # the run's own export carries the card too (a new file:
     (export / "README.md").write_text(done.card.read_text())  # never written through a link into the line)
     log.info("night %s of %s joined line %s as its %s (parent: %s); model card %s", manifest.ds, manifest.corpus,

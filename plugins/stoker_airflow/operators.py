@@ -251,7 +251,7 @@ class DeepSpeedTrainOperator(BaseOperator):
     def __init__(self, *, manifest_path: str, recipe: str = "debug_cpu", world_size: int = 1,
                  launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
                  extra_args: list[str] | None = None, poll_interval: float = 5.0, timeout_s: float = 24 * 3600,
-                 log_keys: bool = False, line: dict[str, str] | None = None, nodes: list[str] | None = None,
+                 log_keys: bool = False, line: dict[str, Any] | None = None, nodes: list[str] | None = None,
                  node_shell: str = NODE_SHELL, gate_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.gate_task_id = gate_task_id

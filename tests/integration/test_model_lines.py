@@ -91,6 +91,42 @@ def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_
         skafka.delete_topics(kafka_config, topics)
 
 
+def test_a_wsd_line_releases_each_nights_cooldown_and_continues_its_trunk(kafka_config, sample_corpus, docs,
+                                                                          tmp_path):
+    """``train.lr_schedule: wsd``: a night holds the peak LR and cools down over its last 30% of steps; the line
+    keeps the cooled-down model as the night's export and the state before the cooldown (weights and optimizer)
+    as its trunk, which the next night continues at the peak LR, without a warm-up."""
+    import torch
+    from safetensors.torch import load_file
+
+    from training.metrics import read_metrics
+    from training.schedule import fork_step
+
+    settings = LineSettings(line=f"wsd_{time.time_ns()}", lr_schedule="wsd", cooldown_share=0.3)
+    line = LineLayout.of(settings.line)
+    topics: list[str] = []
+    try:
+        one = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-01", 0, topics)
+        files = RunLayout(tmp_path / "2026-11-01").trainer(one["manifest"].topic)
+        first = line.night("2026-11-01", "lines")
+        assert (first.checkpoint / "latest").read_text() == json.loads(files.fork.read_text())["tag"]
+        trunk, cooled = load_file(first.trunk / "model.safetensors"), load_file(first.model / "model.safetensors")
+        assert any(not torch.equal(trunk[k], cooled[k]) for k in trunk)  # the cooldown moved the released model
+
+        two = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-02", 1, topics)
+        assert f"weights from {first.folder}/trunk" in two["log"] and "optimizer state carried from" in two["log"]
+        files = RunLayout(tmp_path / "2026-11-02").trainer(two["manifest"].topic)
+        lrs = [r["lr"] for r in read_metrics(files.metrics)]  # the LR after each optimizer step (micro-batch 1)
+        fork = fork_step(two["summary"]["optimizer_steps"], 0.3)
+        assert lrs[:fork - 1] == [pytest.approx(1e-3)] * (fork - 1)  # the peak from the first step: no warm-up
+        tail = lrs[fork - 1:]  # down to lr x min_lr_ratio at the night's last step (the row after it: the same)
+        assert all(a > b for a, b in zip(tail[:-1], tail[1:-1], strict=False)) and tail[0] < 1e-3
+        assert tail[-2] == tail[-1] == pytest.approx(1e-4)
+        assert (line.night("2026-11-02", "lines").trunk / "model.safetensors").is_file()
+    finally:
+        skafka.delete_topics(kafka_config, topics)
+
+
 def _first_batch_loss(folder: Path, kafka_config: dict, m) -> float:
     """The HF model's mean loss on the trainer's first batch: one rank, micro-batch 2, so the first record
     of each of the two partitions (the order rule: the least advanced partition first)."""

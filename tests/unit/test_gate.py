@@ -144,9 +144,9 @@ def test_lines_show_marks_each_nights_decision_and_plots_its_figure(tmp_path, mo
 
 
 def test_the_review_step_shows_the_figures_and_names_who_answered_or_that_nobody_did():
+    from stoker.exceptions import ConfigError
     from stoker.gate import CHOICES, REVIEW_OPTIONS
     from stoker.holdout import REVIEWS, EvalConfig
-    from stoker.exceptions import ConfigError
     from stoker_airflow.review import figures_markdown, who_answered
 
     assert sorted(REVIEW_OPTIONS.values()) == sorted(CHOICES) and REVIEWS[1:] == tuple(CHOICES)

@@ -200,7 +200,7 @@ def test_line_settings_validate():
     data = yaml.safe_load(SAMPLE.read_text())
     assert parse_corpus(data).train.line == "sample"  # one line per corpus by default
     for key, value, why in (("line", "Bad-Line", "must match"), ("older_nights", "merge", "must be one of"),
-                            ("optimizer", "sgd", "must be one of"), ("lr_schedule", "wsd", "must be one of")):
+                            ("optimizer", "sgd", "must be one of"), ("lr_schedule", "cosine", "must be one of")):
         bad = {**data, "train": {**data.get("train", {}), key: value}}
         with pytest.raises(ConfigError, match=rf"train.{key} = '{value}': {why}"):
             parse_corpus(bad)

@@ -1,0 +1,75 @@
+"""Three nights of one line per LR schedule (``train.lr_schedule``: rewarm, constant, wsd), through the DAG
+(``dag.test()``) on the same data: whether the line's head gets better night after night, and what each
+night costs the first night's data.
+
+    .stoker/venv/bin/python bench/schedule_bench.py          (make bench-schedule; in make bench)
+
+The sample's shards part-00000, -01, -02 are the three nights (clean, 20 documents a thousand held out), the
+recipe is debug_cpu with one warm-up step, the same seed for every schedule. For each night: the gate's
+decision, bits per byte of the night's model on its own held-out documents and on the first night's (the
+figure a head must keep lowering). In the suite's environment, in a state folder of its own
+(``.stoker/bench-home``); results in ``.stoker/bench/schedules.jsonl``, the table at the end is what
+BENCHMARKS.md records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e"), str(REPO / "bench")]
+os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by the suite's conftest
+
+SCHEDULES = ("rewarm", "constant", "wsd")
+NIGHTS = {"2026-11-20": "part-00000.jsonl", "2026-11-21": "part-00001.jsonl", "2026-11-22": "part-00002.jsonl"}
+
+
+def line_of(schedule: str, root: Path, sample_data: Path) -> list[dict]:
+    import test_sabotage as ts
+
+    from stoker.layout import LineLayout, RunLayout
+
+    shutil.rmtree(LineLayout.of(ts.CORPUS).folder, ignore_errors=True)
+    for ds in NIGHTS:
+        shutil.rmtree(RunLayout.of(ts.CORPUS, ds).run_dir, ignore_errors=True)
+    corpora = ts.sabotage_corpora(root / schedule, sample_data, {ds: (shard, None) for ds, shard in NIGHTS.items()})
+    config = corpora / f"{ts.CORPUS}.yaml"
+    config.write_text(config.read_text().replace("train:\n", f"train:\n  lr_schedule: {schedule}\n", 1))
+    first, out = min(NIGHTS), []
+    for ds in NIGHTS:
+        t0 = time.monotonic()
+        ev = ts.run_night(corpora, ds)["eval"]
+        sets = {name: f["all"]["bpb"] for name, f in ev["sets"].items()}
+        out.append({"schedule": schedule, "ds": ds, "decision": ev["decision"]["decision"], "own": sets["night"],
+                    "first": sets["night"] if ds == first else sets.get(f"forgetting:{first}.{ts.CORPUS}"),
+                    "seconds": round(time.monotonic() - t0, 1)})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main() -> None:
+    from sabotage_bench import environment
+
+    rows: list[dict] = []
+    results = REPO / ".stoker" / "bench" / "schedules.jsonl"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with environment() as (home, data), tempfile.TemporaryDirectory(dir=home) as tmp:
+        for schedule in SCHEDULES:
+            rows += line_of(schedule, Path(tmp), data)
+            with results.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows if r["schedule"] == schedule)
+    print("\n| schedule | night | decision | own held-out (bits/byte) | first night's held-out | seconds |\n"
+          "|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['schedule']} | {r['ds']} | {r['decision']} | {r['own']:.4f} | {r['first']:.4f} | "
+              f"{r['seconds']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
