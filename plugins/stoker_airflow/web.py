@@ -1,7 +1,7 @@
 """Run summaries and loss curves in the Airflow UI: a FastAPI app the API server mounts at ``/stoker``.
 
 * ``/stoker/``                               every run of every corpus, newest first
-* ``/stoker/runs/<corpus>/<ds>``             one run's summary (HTML) with its loss curve
+* ``/stoker/runs/<corpus>/<ds>``             one run's summary (HTML) with its loss curve and its line's nights
 * ``/stoker/runs/<corpus>/<ds>/summary.json`` the same as JSON (``stoker runs show --json``)
 * ``/stoker/runs/<corpus>/<ds>/loss.png``    the trainer's loss curve
 * ``/stoker/dag-runs/<dag_id>/<run_id>``     the run of an Airflow DAG run (the "Run summary" tab)
@@ -79,6 +79,13 @@ def _summary_html(run_dir: Path) -> HTMLResponse:
         body += f"<h3>Loss</h3><img alt='loss curve' src='/stoker/runs/{corpus}/{ds}/loss.png'>"
     else:
         body += "<p>Training has not finished yet: the loss curve appears when it has.</p>"
+    line = ((s.get("training") or {}).get("line") or {}).get("line")
+    if line:
+        from stoker.catalog import line_nights
+        from stoker.lineplot import line_svg
+
+        body += (f"<h3>Line {html.escape(line)}: each night's held-out bits per byte</h3>"
+                 + line_svg(line, line_nights(line)))
     body += (f"<p><a href='/stoker/runs/{corpus}/{ds}/summary.json'>summary.json</a> · "
              "<a href='/stoker/'>all runs</a></p>")
     return _page(f"Run {corpus}/{ds}", body)

@@ -374,6 +374,7 @@ def test_trigger_from_the_ui_with_a_changed_param(local_stack: StackEnv):
             page.goto(f"{s.api}/stoker/dag-runs/refresh_sample/{run_id}")
             expect(page.get_by_text("consumed")).to_be_visible()
             expect(page.get_by_alt_text("loss curve")).to_be_visible()
+            expect(page.get_by_role("img", name="held-out bits per byte of line sample's nights")).to_be_visible()
             page.screenshot(path=str(out / "run-summary.png"), full_page=True)
         finally:
             page.screenshot(path=str(out / "last.png"))
