@@ -29,7 +29,7 @@ def test_every_dag_imports_without_errors():
     assert dag is not None
     order = [t.task_id for t in dag.topological_sort()]
     assert order == ["await_source", "publish.tokenize_publish", "publish.await_published", "training.train",
-                     "training.await_consumed", "training.evaluate", "report"]
+                     "training.await_consumed", "training.evaluate", "training.review", "report"]
     assert set(dag.task_group.children) == {"await_source", "publish", "training", "report"}
     # lineage: source -> tokenize_publish -> topic -> train; the model is await_consumed's outlet
     tasks = dag.task_dict
@@ -45,7 +45,7 @@ def test_every_dag_imports_without_errors():
     assert dag.default_args["retries"] == 2 and dag.default_args["retry_exponential_backoff"] is True
     # a trainer that dies is relaunched by the train task's own retries, promptly and a bounded number of times
     assert tasks["training.train"].retries == 3 and tasks["training.train"].retry_exponential_backoff is False
-    assert set(dag.params) == {"source_uri", "seq_len", "spark_partitions"}
+    assert set(dag.params) == {"source_uri", "seq_len", "spark_partitions", "review"}
     for name, param in dag.params.items():  # the trigger form shows a title and a description for each
         assert param.schema.get("title") and len(param.description or "") > 40, name
     assert dag.doc_md and "refresh" in dag.doc_md.lower()

@@ -42,7 +42,7 @@ with DAG("stoker_two_nodes", schedule=None, start_date=datetime(2026, 1, 1, tzin
                            nodes=["127.0.0.1", "localhost"], log_keys=True, poll_interval=1, timeout_s=900,
                            extra_args=["--checkpoint-every", "10"], retries=1, retry_delay=timedelta(seconds=1))
 if __name__ == "__main__":
-    run = dag.test(logical_date=datetime(2026, 12, 8, tzinfo=timezone.utc), run_conf={"review": "hold"})
+    run = dag.test(logical_date=datetime(2026, 12, 8, tzinfo=timezone.utc))
     with create_session() as s:
         tis = s.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id)
         print("TRIES=" + json.dumps({ti.task_id: ti.try_number for ti in tis}))
