@@ -75,7 +75,24 @@ def eval_table(result: dict[str, Any], decision: dict[str, Any]) -> str:
         lines.append(f"| {name} | {a['docs']} | {a['bpb']:.4f} ± {a['stderr']:.4f} | {was} | {change} |")
     lines += ["", f"Decision: **{decision['decision']}** by {decision['by']} on {decision['at']}: {decision['why']}.",
               ""]
+    if result.get("lm_eval"):
+        lines += ["## lm-evaluation-harness tasks (they inform; the gate reads bits per byte)", "",
+                  "| task | metric | documents | this night | blessed |", "|---|---|---|---|---|"]
+        lines += [f"| {task} | {name} | {docs} | {now} | {was} |" for task, name, docs, now, was in
+                  lm_eval_rows(result["lm_eval"])]
+        lines.append("")
     return "\n".join(lines)
+
+
+def lm_eval_rows(lm: dict[str, Any]) -> list[tuple[str, str, int, str, str]]:
+    """``eval.lm_eval_tasks``' figures (training/lm_eval_tasks.py) as rows: task, metric, documents, this
+    night's value ± stderr, the blessed model's (or "-")."""
+    def shown(value: float, stderr: float | None) -> str:
+        return f"{value:.4f}" + (f" ± {stderr:.4f}" if stderr is not None else "")
+
+    return [(task, name, row["docs"], shown(m["value"], m["stderr"]),
+             shown(m["baseline"], m.get("baseline_stderr")) if "baseline" in m else "-")
+            for task, row in lm.get("tasks", {}).items() for name, m in row["metrics"].items()]
 
 
 def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[str, Any]) -> None:

@@ -50,6 +50,16 @@ class EvalConfig:
     (the trigger form's "Held night"; ``stoker refresh --decision``, which never asks)."""
     approval_timeout_s: int = 86400
     """Seconds the review step waits for a person's answer on a held night; then the night stays held."""
+    lm_eval_tasks: list[str] = field(default_factory=list)
+    """lm-evaluation-harness tasks the evaluate step also runs, on the night's export and on the model it
+    continued: their metrics (with standard errors) go to ``eval.json``, the model card and ``stoker runs show``.
+    They inform and do not gate (a small model's task accuracy is mostly noise; the gate reads bits per byte).
+    Runs offline: name tasks whose data is local, e.g. ``[stoker_cloze]`` from ``lm_eval_include``."""
+    lm_eval_include: str | None = None
+    """A folder of lm-eval task YAMLs added to the harness's own (``{state}``/``{project}`` expanded); a task's
+    ``data_files`` are read relative to it. ``corpora/examples/lm_eval`` holds a small one, ``stoker_cloze``."""
+    lm_eval_limit: int | None = None
+    """At most this many documents of each lm-eval task (all when null)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.holdout_per_mille <= HOLDOUT_PER_MILLE_MAX:
@@ -66,6 +76,13 @@ class EvalConfig:
         if not 1 <= self.approval_timeout_s <= APPROVAL_TIMEOUT_MAX_S:
             raise _fail("eval.approval_timeout_s", self.approval_timeout_s,
                         f"must be in [1, {APPROVAL_TIMEOUT_MAX_S}] seconds (30 days)")
+        if any(not isinstance(t, str) or not t.strip() for t in self.lm_eval_tasks):
+            raise _fail("eval.lm_eval_tasks", self.lm_eval_tasks, "must be a list of lm-eval task names")
+        if self.lm_eval_tasks and self.holdout_per_mille == 0:
+            raise _fail("eval.lm_eval_tasks", self.lm_eval_tasks, "run in the evaluate step, which runs only on "
+                        "nights that held documents out: set eval.holdout_per_mille above 0 (e.g. 5)")
+        if self.lm_eval_limit is not None and self.lm_eval_limit < 1:
+            raise _fail("eval.lm_eval_limit", self.lm_eval_limit, "must be at least 1 document (null: all)")
 
 
 def held_out(digest: bytes, per_mille: int) -> bool:

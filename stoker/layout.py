@@ -198,6 +198,12 @@ class RunLayout:
         return self.run_dir / "eval.json"
 
     @property
+    def lm_eval(self) -> Path:
+        """The night's lm-evaluation-harness figures (``eval.lm_eval_tasks``; training/lm_eval_tasks.py), which
+        the evaluate task also puts into ``eval.json`` as ``lm_eval``."""
+        return self.run_dir / "lm_eval.json"
+
+    @property
     def timings(self) -> Path:
         return self.run_dir / "timings.json"
 

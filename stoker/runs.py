@@ -9,6 +9,7 @@ from typing import Any
 
 from stoker import paths
 from stoker.exceptions import ManifestError
+from stoker.gate import lm_eval_rows
 from stoker.layout import LineLayout, RunLayout
 from stoker.layout import all_runs as _all_run_layouts
 from stoker.manifest import atomic_write_json, read_manifest
@@ -188,6 +189,8 @@ def _render_eval(holdout: dict[str, Any] | None, ev: dict[str, Any] | None) -> l
         vs = (f"; was {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
               if "delta" in a else "")
         out.append(f"    {name:<15}{a['bpb']:.4f} bits/byte ± {a['stderr']:.4f} ({a['docs']} docs){vs}")
+    for task, name, docs, now, was in lm_eval_rows((ev or {}).get("lm_eval") or {}):
+        out.append(f"    {task + ' ' + name:<14} {now} ({docs} docs){'; was ' + was if was != '-' else ''}")
     decision = (ev or {}).get("decision")
     if decision:
         out.append(f"  decision         {decision['decision']} by {decision['by']}: {decision['why']}")

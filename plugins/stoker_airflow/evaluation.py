@@ -95,6 +95,9 @@ class NightEvalOperator(BaseOperator):
         else:
             self.score(files, sets, baseline, run)
         result: dict[str, Any] = json.loads(run.evaluation.read_text())
+        if cfg is not None and cfg.eval.lm_eval_tasks:
+            result["lm_eval"] = self.harness(files, baseline, cfg.eval, run)
+            atomic_write_json(run.evaluation, result)
         for name, figures in result["sets"].items():
             a = figures["all"]
             self.log.info("%s: %d docs, %.4f bits/byte ± %.4f%s", name, a["docs"], a["bpb"], a["stderr"],
@@ -114,6 +117,27 @@ class NightEvalOperator(BaseOperator):
                              capture_output=True, text=True, timeout=self.timeout_s)
         if out.returncode != 0:
             raise RuntimeError(f"evaluation failed (exit {out.returncode}): {out.stderr[-3000:]}")
+
+    def harness(self, files: Any, baseline: Path | None, cfg: Any, run: Any) -> dict[str, Any]:
+        """``eval.lm_eval_tasks`` on the export and the baseline, in a process of this task's own."""
+        run.lm_eval.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "training.lm_eval_tasks", "--model", str(files.export), "--out", str(run.lm_eval),
+               *(["--baseline", str(baseline)] if baseline else []),
+               *(["--include", paths.expand(cfg.lm_eval_include)] if cfg.lm_eval_include else []),
+               *(["--limit", str(cfg.lm_eval_limit)] if cfg.lm_eval_limit else []),
+               *[a for task in cfg.lm_eval_tasks for a in ("--task", task)]]
+        self.log.info("lm-eval tasks %s on %s and %s", ", ".join(cfg.lm_eval_tasks), files.export,
+                      baseline or "no baseline (random init)")
+        out = subprocess.run(cmd, cwd=paths.project_root(), env={**os.environ, "HF_HUB_OFFLINE": "1",
+                             "HF_DATASETS_OFFLINE": "1"}, capture_output=True, text=True, timeout=self.timeout_s)
+        if out.returncode != 0:
+            raise RuntimeError(f"lm-eval tasks failed (exit {out.returncode}): {out.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(run.lm_eval.read_text())
+        for task, row in result["tasks"].items():
+            for name, m in row["metrics"].items():
+                self.log.info("%s %s: %.4f%s", task, name, m["value"],
+                              f" (blessed {m['baseline']:.4f})" if "baseline" in m else "")
+        return result
 
     def gate(self, m: Any, run: Any, settings: Any, cfg: Any, result: dict[str, Any]) -> dict[str, Any] | None:
         """The decision on the joined night, recorded in the line (stoker.gate)."""

@@ -121,6 +121,7 @@ def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_hel
         SHUFFLED, CORPUS).card.read_text()
 
     (corpora / "recipes" / f"{CORPUS}.yaml").write_text(RECIPE + "lr: 0.1\n")  # 100 x debug_cpu's 1e-3
+    with_tasks(corpora / f"{CORPUS}.yaml")  # lm-eval tasks too: beside the gate's figures, not in the gate
     hot = run_night(corpora, HOT, review="roll-back")  # the review step decides without asking
     decision = hot["eval"]["decision"]
     assert decision["decision"] == "held", decision
@@ -139,7 +140,19 @@ def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_hel
     record = json.loads(line.night(HOT, CORPUS).record.read_text())  # the run param's roll-back, the gate's hold kept
     assert record["decision"]["decision"] == "rolled_back" and "eval.review (roll-back)" in record["decision"]["by"]
     assert record["decision"]["previous"]["decision"] == "held"
+    cloze = shown["lm_eval"]["tasks"]["stoker_cloze"]
+    assert cloze["docs"] == 16 and {"value", "stderr", "baseline"} <= set(cloze["metrics"]["acc"])
+    assert "| stoker_cloze | acc | 16 |" in line.night(HOT, CORPUS).card.read_text()
     overrule_from_a_terminal(line, capsys)
+
+
+def with_tasks(corpus_yaml: Path) -> None:
+    """``eval.lm_eval_tasks``: Stoker's own local task (corpora/examples/lm_eval), 16 of its documents."""
+    text = corpus_yaml.read_text()
+    assert "  holdout_per_mille: 20" in text
+    tasks = ('\n  lm_eval_tasks: [stoker_cloze]\n  lm_eval_include: "{project}/corpora/examples/lm_eval"'
+             '\n  lm_eval_limit: 16')
+    corpus_yaml.write_text(text.replace("  holdout_per_mille: 20", "  holdout_per_mille: 20" + tasks, 1))
 
 
 def overrule_from_a_terminal(line: LineLayout, capsys) -> None:

@@ -158,3 +158,31 @@ def test_the_review_step_shows_the_figures_and_names_who_answered_or_that_nobody
     assert who_answered({"responded_by_user": None}, 60) == "nobody within eval.approval_timeout_s (60 s)"
     with pytest.raises(ConfigError, match=r"eval.approval_timeout_s = 0: must be in \[1, 2592000\]"):
         EvalConfig(approval_timeout_s=0)
+
+
+def test_lm_eval_figures_go_to_the_card_and_runs_show_beside_the_gates_and_do_not_decide(tmp_path):
+    from stoker.config import ConfigError
+    from stoker.holdout import EvalConfig
+    from stoker.runs import _render_eval
+
+    line = LineLayout(tmp_path / "line")
+    _join(line, tmp_path, "2026-12-01")
+    result = _result(night=(2.50, 2.30, 0.01))  # held by its bits per byte, whatever the tasks say
+    result["lm_eval"] = {"tasks": {"stoker_cloze": {"docs": 16, "metrics": {
+        "acc": {"value": 0.75, "stderr": 0.11, "baseline": 0.5, "baseline_stderr": 0.13},
+        "acc_norm": {"value": 0.8125, "stderr": None}}}}}
+    decision = decide(result, "head", 2.0, 0.01)
+    assert decision["decision"] == "held" and [r["set"] for r in decision["regressions"]] == ["night"]
+    record_decision(line.night("2026-12-01", "c"), result, decision)
+    card = line.night("2026-12-01", "c").card.read_text()
+    assert "| stoker_cloze | acc | 16 | 0.7500 ± 0.1100 | 0.5000 ± 0.1300 |" in card
+    assert "| stoker_cloze | acc_norm | 16 | 0.8125 | - |" in card
+    shown = "\n".join(_render_eval({"docs": 3, "per_mille": 5, "bytes": 90, "sequences": 1}, result))
+    assert "    stoker_cloze acc 0.7500 ± 0.1100 (16 docs); was 0.5000 ± 0.1300" in shown
+    # the settings: tasks need the evaluate step, which runs on nights that held documents out
+    with pytest.raises(ConfigError, match=r"eval.lm_eval_tasks = \['x'\].*set eval.holdout_per_mille above 0"):
+        EvalConfig(lm_eval_tasks=["x"])
+    with pytest.raises(ConfigError, match="eval.lm_eval_limit = 0"):
+        EvalConfig(holdout_per_mille=5, lm_eval_tasks=["x"], lm_eval_limit=0)
+    with pytest.raises(ConfigError, match="eval.lm_eval_tasks"):
+        EvalConfig(holdout_per_mille=5, lm_eval_tasks=[""])
