@@ -276,13 +276,14 @@ class TrainConfig:
     optimizer: str = "carry"
     """Across nights: ``carry`` restores the parent night's AdamW moments (fresh where they cannot be
     loaded, e.g. another ZeRO world size, or an HF init); ``fresh`` starts new ones every night."""
-    lr_schedule: str = "rewarm"
-    """Across nights: ``rewarm`` warms up and cosine-decays again over each night's steps (re-warming
-    and re-decaying, as in continual pre-training); ``constant`` warms up on the line's first night
-    only, then holds the peak LR (the stable phase of a warmup-stable-decay schedule); ``wsd`` holds it
-    too, and the night's last ``cooldown_share`` of steps decay it: the released model (export, evaluation,
-    gate) is that cooled-down branch, and the next night continues the weights and optimizer state from
-    before the cooldown (the line's trunk)."""
+    lr_schedule: str = "wsd"
+    """Across nights: ``wsd`` (default) warms up on the line's first night only, then holds the peak LR, and
+    the night's last ``cooldown_share`` of steps decay it: the released model (export, evaluation, gate) is
+    that cooled-down branch, and the next night continues the weights and optimizer state from before the
+    cooldown (the line's trunk); ``rewarm`` warms up and cosine-decays again over each night's steps
+    (re-warming and re-decaying, as in continual pre-training); ``constant`` holds the peak LR after the
+    first night's warm-up, no cooldown (the stable phase of a warmup-stable-decay schedule). The default
+    follows ``make bench-schedule`` (BENCHMARKS.md): wsd's released model was the best or level each night."""
     cooldown_share: float = 0.1
     """``wsd``: the share of a night's optimizer steps in its cooldown (at least one step), the LR going
     linearly from the peak to the recipe's ``min_lr_ratio`` x lr. In (0, 0.5]."""

@@ -58,7 +58,7 @@ class LineSettings:
     init: str = "random"
     older_nights: str = "branch"
     optimizer: str = "carry"
-    lr_schedule: str = "rewarm"
+    lr_schedule: str = "wsd"
     cooldown_share: float = 0.1
 
     @classmethod

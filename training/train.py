@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
                     "model line or a local Hugging Face folder (default: random weights)")
     ap.add_argument("--optimizer", choices=("carry", "fresh"),
                     help="carry the parent night's optimizer state (default), or start fresh")
-    ap.add_argument("--lr-schedule", choices=("rewarm", "constant", "wsd"), help="default: rewarm")
+    ap.add_argument("--lr-schedule", choices=("rewarm", "constant", "wsd"), help="default: wsd")
     ap.add_argument("--cooldown-share", type=float, help="wsd: the share of the night's steps in its cooldown "
                     "(default 0.1)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     return TrainArgs(**ns)
 
 
-PLANNED = {"recipe": "debug_cpu", "optimizer": "carry", "lr_schedule": "rewarm", "cooldown_share": 0.1}
+PLANNED = {"recipe": "debug_cpu", "optimizer": "carry", "lr_schedule": "wsd", "cooldown_share": 0.1}
 """What the run plan gives the trainer (the corpus's ``train.*``), with the defaults without a plan."""
 
 

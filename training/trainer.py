@@ -55,7 +55,7 @@ class TrainArgs:
     local Hugging Face folder (default: random weights in the recipe's shape)."""
     optimizer: str = "carry"
     """``carry`` the parent night's optimizer state, or start ``fresh`` (training/inherit.py)."""
-    lr_schedule: str = "rewarm"
+    lr_schedule: str = "wsd"
     """``rewarm`` (warm-up and cosine over this night), ``constant`` after the line's first night, or ``wsd``
     (constant, then a cooldown over the last ``cooldown_share`` of the night's steps; training/schedule.py)."""
     cooldown_share: float = 0.1

@@ -110,9 +110,14 @@ def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, t
     # same weights, optimizer and data after the checkpoint: the resumed loss continues the killed life's curve
     resumed = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > ckpt_step}
     assert resumed[ckpt_step + 1] == pytest.approx(losses[ckpt_step + 1], rel=1e-3)
-    # old checkpoints are pruned (keep_checkpoints = 2): the final one and the one before it remain
+    # old checkpoints are pruned (keep_checkpoints = 2): the final one and the one before it remain, and the
+    # tag before the cooldown (wsd, the default schedule: the line's trunk), on an optimizer step too
     tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
-    assert len(tags) == 2 and tags[-1] == f"step{MICRO_STEPS:08d}"  # the padding micro-steps count no step
+    fork = json.loads((out / "checkpoints" / "fork.json").read_text())["tag"]
+    assert fork in tags and int(fork.removeprefix("step")) % ACCUM == 0
+    rest = [t for t in tags if t != fork]
+    assert len(rest) in (1, 2) and rest[-1] == f"step{MICRO_STEPS:08d}"  # the padding micro-steps count no step
+    assert len(rest) == 2 or tags[-2] == fork, tags
     if zero == 2:  # under bf16 the routers' selection biases stay fp32 (DeepSpeed casts parameters, not buffers):
         from safetensors import safe_open  # in bf16 a bias >= 0.5 could not move by gamma = 1e-3
 
