@@ -46,7 +46,11 @@ def task_manager(tasks: list[str], include: str | None) -> Any:
     if include is not None and not Path(include).is_dir():
         raise FileNotFoundError(f"eval.lm_eval_include = {include!r} is not a folder: point it at the folder of "
                                 "your task YAMLs (e.g. {project}/corpora/examples/lm_eval)")
-    manager = TaskManager(include_path=include, verbosity="ERROR")
+    manager = None
+    if include is not None:  # local tasks only: indexing the harness's own ~15,000 YAMLs takes seconds
+        manager = TaskManager(include_path=include, include_defaults=False, verbosity="ERROR")
+    if manager is None or any(t not in manager.all_tasks for t in tasks):
+        manager = TaskManager(include_path=include, verbosity="ERROR")
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         where = f"the harness's own tasks and {include}" if include else "the harness's own tasks (no include)"
