@@ -102,6 +102,8 @@ def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[st
         decision = {**decision, "previous": record["decision"]}  # a person's decision: the earlier ones kept
     record["decision"] = decision
     record["eval"] = {name: f["all"] for name, f in result.get("sets", {}).items()}
+    if result.get("lm_eval"):
+        record["lm_eval"] = result["lm_eval"]
     atomic_write_json(night.record, record)
     card = night.card.read_text() if night.card.is_file() else ""
     card = card.split("## Evaluation on held-out documents", 1)[0].rstrip("\n") + "\n\n"
@@ -136,6 +138,7 @@ def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str
         raise StokerError(f"night {ds}.{corpus} is {now}, not held: `roll-back` takes a promoted head back")
     decision = {"decision": CHOICES[choice], "by": who, "at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "why": why or f"{choice} by {who}"}
-    result = {"sets": {name: {"all": figures} for name, figures in record.get("eval", {}).items()}}
+    result = {"sets": {name: {"all": figures} for name, figures in record.get("eval", {}).items()},
+              "lm_eval": record.get("lm_eval")}
     record_decision(night, result, decision)
     return read_night(night)["decision"]

@@ -177,6 +177,8 @@ def test_lm_eval_figures_go_to_the_card_and_runs_show_beside_the_gates_and_do_no
     card = line.night("2026-12-01", "c").card.read_text()
     assert "| stoker_cloze | acc | 16 | 0.7500 ± 0.1100 | 0.5000 ± 0.1300 |" in card
     assert "| stoker_cloze | acc_norm | 16 | 0.8125 | - |" in card
+    human_decision(line, "2026-12-01", "c", "roll-back", "admin")  # a person's decision keeps the table
+    assert "| stoker_cloze | acc | 16 | 0.7500 ± 0.1100 |" in line.night("2026-12-01", "c").card.read_text()
     shown = "\n".join(_render_eval({"docs": 3, "per_mille": 5, "bytes": 90, "sequences": 1}, result))
     assert "    stoker_cloze acc 0.7500 ± 0.1100 (16 docs); was 0.5000 ± 0.1300" in shown
     # the settings: tasks need the evaluate step, which runs on nights that held documents out
