@@ -113,12 +113,12 @@ def test_training_survives_its_partition_leader_then_its_group_coordinator_kille
 
 
 COMMIT_LOOP = """
-import json, sys, time
+import json, os, sys, time
 from stoker import kafka as skafka
 from stoker.exceptions import StokerError
-config, group, topic, seconds = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
-i, stop = 0, time.monotonic() + seconds
-while time.monotonic() < stop:
+config, group, topic, stop_file = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+i, stop = 0, time.monotonic() + 300
+while time.monotonic() < stop and not os.path.exists(stop_file):
     i += 1
     skafka.commit_offsets(config, group, topic, {p: i for p in range(4)})  # rides through the failover itself
     for _ in range(60):  # a read fails while the coordinator moves (the lag trigger's next poll reads again)
@@ -144,19 +144,28 @@ def test_group_offsets_are_committed_and_read_through_their_coordinators_death(c
 
     topic, group = f"stoker.coordkill.{time.time_ns()}", f"stoker-train.coordkill.{time.time_ns()}"
     skafka.create_topic(cluster.client, topic, 4, 3, {"min.insync.replicas": "2"})
-    log = tmp_path / "commits.log"
+    log, stop = tmp_path / "commits.log", tmp_path / "stop"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", COMMIT_LOOP, json.dumps(cluster.client), group, topic, "75"],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    coordinator = ""
-    try:
-        deadline = time.monotonic() + 60
-        while log.read_text().count("\n") < 20:  # committing steadily
+        proc = subprocess.Popen([sys.executable, "-c", COMMIT_LOOP, json.dumps(cluster.client), group, topic,
+                                 str(stop)], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def commits() -> int:
+        return sum(line.isdigit() for line in log.read_text(errors="replace").splitlines())
+
+    def await_commits(n: int) -> None:
+        deadline = time.monotonic() + 240
+        while commits() < n:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
+
+    coordinator = ""
+    try:
+        await_commits(20)  # committing steadily
         coordinator = cluster.coordinator(group, "__consumer_offsets")
         cluster.kill(coordinator)
-        rc = proc.wait(timeout=400)
+        await_commits(commits() + 30)  # past the kill: 30 more commits, read back, through the new coordinator
+        stop.touch()
+        rc = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -51,15 +52,21 @@ def test_a_retry_finds_its_done_record_behind_another_tasks_open_transaction(kaf
     skafka.recreate_topic(kafka_config, topic, 2)
     skafka.recreate_topic(kafka_config, tasks_topic(topic), task_partitions)
     zombie = _open_done_record(kafka_config, topic, 1, task_partitions)
-    first = _publish(kafka_config, topic, 0, 0, task_partitions)  # task 0 commits behind the open transaction
+    aborted: list[bool] = []
+    ender = threading.Timer(3.0, lambda: aborted.append(zombie.abort_transaction(30) is None))
+    shared = task_partitions == 1
+    if shared:  # sharing a tasks partition (more than 256 tasks), any attempt's look for its done record waits
+        ender.start()  # for the open transaction to end (fenced, aborted or timed out) rather than miss what lies
+    started = time.monotonic()  # behind it: here until the zombie aborts, 3 s on (not its 60 s timeout)
+    first = _publish(kafka_config, topic, 0, 0, task_partitions)
     assert not first.reused and first.sequences == 5
-    # sharing a tasks partition (more than 256 tasks), the retry waits for the open transaction to end
-    # (fenced, aborted or timed out) rather than miss what lies behind it; with a partition of its own it never meets it
-    ender = threading.Timer(3.0, zombie.abort_transaction, kwargs={"timeout": 30})
-    ender.start()
+    assert (time.monotonic() - started >= 2.5) == shared  # with a partition of its own a task never waits
+    if not shared:  # task 0 committed behind the open transaction; its retry finds the record all the same
+        ender.start()
     again = _publish(kafka_config, topic, 0, 1, task_partitions)
     assert again.reused and again.sequences == 5  # found, so nothing published twice
     ender.join()
+    assert aborted == [True]  # the zombie's transaction ended by its abort, not by its timeout
     keys = [m.key() for m in skafka.read_all(kafka_config, topic)]
     assert sorted(keys) == [records.make_key(0, i) for i in range(5)]
     skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
