@@ -139,7 +139,8 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     assert compute_lag(m.end_offsets(), ends).lag == 0
     # night 2 of the line, both lives: started from night 1's model, and joined the line only once done
     assert json.loads(files.parent.read_text())["path"] == night_one
-    assert files.log.read_text().count(f"weights from {night_one}/hf") == 2 * m_world(files)  # every rank, twice
+    # every rank, twice: night 1's trunk (wsd, the default schedule: the state before its cooldown)
+    assert files.log.read_text().count(f"weights from {night_one}/trunk") == 2 * m_world(files)
     night = LineLayout.of("trainkill").night(DS, "trainkill")
     lineage = json.loads(night.record.read_text())["lineage"]
     assert [e.get("ds") for e in lineage] == [None, NIGHT_ONE, DS] and lineage[-1]["topic"] == m.topic
