@@ -53,6 +53,11 @@ class StackApi:
 
 def start_night(api: StackApi, dag: str, ds: str, conf: dict[str, Any], say: Callable[[str], None]) -> str:
     """The run of night ``ds``: triggered, or found running, or cleared to run again; its run id."""
+    now = datetime.now(UTC)
+    if ds > now.date().isoformat():
+        raise StackError(f"night {ds} is in the future (it is {now:%Y-%m-%d %H:%M} UTC): the scheduler runs no task "
+                         "whose logical date is ahead of now, so its run would wait until then. Refresh it on "
+                         "that day, or pick a night up to today with --ds")
     if api.call("GET", f"/dags/{dag}")["is_paused"]:
         api.call("PATCH", f"/dags/{dag}", json={"is_paused": False})
         say(f"{dag} was paused: unpaused, as the UI's trigger does (its schedule runs again; pause it in the UI)")

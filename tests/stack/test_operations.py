@@ -118,6 +118,11 @@ train:
 """
 
 
+GATED_NIGHT = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+"""Line `gated`'s one night: yesterday, so its run's logical date (the night at 02:00) is in the past whenever
+the suite runs (Airflow starts no task of a run whose logical date is ahead of now)."""
+
+
 def pair_dates() -> list[date]:
     today = datetime.now(UTC).date()
     return [today - timedelta(days=6)]
@@ -251,7 +256,7 @@ def _gated_night(home: Path, sample_corpus: dict[str, Path], texts: list[str]) -
                      for _ in range(60))
         if not kept(t):
             gibberish.append(t)
-    folder = home / "data" / "gated" / datetime.now(UTC).date().isoformat()
+    folder = home / "data" / "gated" / GATED_NIGHT
     folder.mkdir(parents=True)
     (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in english + gibberish))
     (folder / "_SUCCESS").write_text("")
@@ -525,13 +530,13 @@ def test_a_held_night_waits_for_a_person_in_the_ui_and_a_terminal_answers_throug
     from stoker.layout import LineLayout
     from stoker.lines import head
 
-    s, dag, today = local_stack, "refresh_gated", datetime.now(UTC).date().isoformat()
+    s, dag, night = local_stack, "refresh_gated", GATED_NIGHT
     line = LineLayout(s.home / "lines" / "gated")
     s.rest("PATCH", f"/dags/{dag}", json={"is_paused": False})
-    run_id = s.rest("POST", f"/dags/{dag}/dagRuns", json={"logical_date": f"{today}T02:00:00Z"})["dag_run_id"]
+    run_id = s.rest("POST", f"/dags/{dag}/dagRuns", json={"logical_date": f"{night}T02:00:00Z"})["dag_run_id"]
     asked = _await_review(s, dag, run_id)
     assert asked["options"] == ["Promote", "Hold", "Roll back"] and asked["defaults"] == ["Hold"]
-    assert f"Night {today}.gated of line gated was held by the gate" in asked["subject"]
+    assert f"Night {night}.gated of line gated was held by the gate" in asked["subject"]
     assert "Regressed: night" in asked["body"] and "| night |" in asked["body"], asked["body"]
     out = ARTIFACTS / "ui"
     out.mkdir(parents=True, exist_ok=True)
@@ -547,14 +552,14 @@ def test_a_held_night_waits_for_a_person_in_the_ui_and_a_terminal_answers_throug
         finally:
             page.screenshot(path=str(out / "review-last.png"))
             browser.close()
-    record = json.loads(line.night(today, "gated").record.read_text())
+    record = json.loads(line.night(night, "gated").record.read_text())
     assert record["decision"]["decision"] == "rolled_back", record["decision"]
     assert record["decision"]["by"] == "admin (Airflow review)" and record["decision"]["previous"]["by"] == "gate"
     assert head(line) is None  # a held night never becomes the head
 
-    res = s.stoker("refresh", "gated", "--ds", today, "--decision", "hold", timeout=900)
+    res = s.stoker("refresh", "gated", "--ds", night, "--decision", "hold", timeout=900)
     assert "answered 'Hold' (--decision hold)" in res.stdout, res.stdout[-3000:]
-    record = json.loads(line.night(today, "gated").record.read_text())
+    record = json.loads(line.night(night, "gated").record.read_text())
     assert (record["decision"]["decision"], record["decision"]["by"]) == ("held", "admin (Airflow review)")
     assert head(line) is None
 

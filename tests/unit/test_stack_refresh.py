@@ -3,10 +3,12 @@ against the real stack in tests/stack/test_operations.py::test_cli_backfill_two_
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from stoker.exceptions import StackError
 from stoker_local.stack_refresh import start_night
 
 pytestmark = pytest.mark.unit
@@ -44,3 +46,15 @@ def test_a_running_night_is_followed_and_a_finished_one_cleared_to_run_again():
     assert start_night(api, "refresh_web", "2026-12-03", {"seq_len": 64}, said.append) == "backfill__y"
     assert ("POST", "/dags/refresh_web/dagRuns/backfill__y/clear", {"dry_run": False}) in api.calls
     assert "cleared to run again" in said[-1] and "not --param" in said[-1]  # a cleared run keeps its conf
+
+
+def test_a_night_in_the_future_is_refused_before_anything_is_triggered():
+    """Airflow runs no task whose logical date is ahead of now (its "Logical date is in the future" dependency):
+    such a run would sit queued with no task started until that day, so it is refused, naming the night."""
+    tomorrow = (datetime.now(UTC).date() + timedelta(days=1)).isoformat()
+    api = Api([])
+    with pytest.raises(StackError, match=f"night {tomorrow} is in the future.*--ds"):
+        start_night(api, "refresh_web", tomorrow, {}, print)
+    assert api.calls == []
+    today = datetime.now(UTC).date().isoformat()  # today's night starts at 00:00, in the past: triggered
+    assert start_night(api, "refresh_web", today, {}, print) == "manual__new"
