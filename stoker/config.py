@@ -287,6 +287,10 @@ class TrainConfig:
     cooldown_share: float = 0.1
     """``wsd``: the share of a night's optimizer steps in its cooldown (at least one step), the LR going
     linearly from the peak to the recipe's ``min_lr_ratio`` x lr. In (0, 0.5]."""
+    replay: float = 0.0
+    """Against forgetting: this share of a night's training rows are sequences of the nights its model already
+    holds (its parent's lineage), drawn at the train task's first launch from their topics (stoker/replay.py)
+    and spread evenly over the night. 0.05 replays about 5%; 0 (default) none. In [0, 0.5)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -314,6 +318,9 @@ class TrainConfig:
                 raise _fail(f"train.{name}", getattr(self, name), f"must be one of {list(allowed)}")
         if not self.init:
             raise _fail("train.init", self.init, "must be 'random' or a local Hugging Face model folder")
+        if not 0 <= self.replay < 0.5:
+            raise _fail("train.replay", self.replay, "must be in [0, 0.5) (the share of a night's rows replayed from "
+                        "earlier nights; 0.05 is typical)")
         if not 0 < self.cooldown_share <= 0.5:
             raise _fail("train.cooldown_share", self.cooldown_share, "must be in (0, 0.5] (a share of the night's "
                         "optimizer steps)")

@@ -117,6 +117,22 @@ class TrainerFiles:
         return self.folder / "keys.{rank}.jsonl"
 
     @property
+    def replay(self) -> Path:
+        """``train.replay``: the rows drawn from the line's earlier nights (stoker/replay.py); the trainer mixes
+        them in when the file is there."""
+        return self.folder / "replay.npz"
+
+    @property
+    def replay_store(self) -> Path:
+        """The night's own rows it leaves to its line's replay store (stoker/replay.py ``keep_store``)."""
+        return self.folder / "replay_store.npz"
+
+    @property
+    def replay_draw(self) -> Path:
+        """What the replay rows are: the parent, the share, per topic drawn, read and missing."""
+        return self.folder / "replay.json"
+
+    @property
     def secrets(self) -> Path:
         """The Kafka client config for launchers on other nodes (0600; removed when the task ends)."""
         return self.folder / "secrets.json"
@@ -263,6 +279,11 @@ class NightFiles:
         """The night's held-out documents (stoker.holdout), kept with it: later nights measure on them what
         they cost the earlier data."""
         return self.folder / "holdout"
+
+    @property
+    def replay_store(self) -> Path:
+        """Some of the night's own sequences, for later nights to replay once its topic is gone (``train.replay``)."""
+        return self.folder / "replay_store.npz"
 
 
 @dataclass(frozen=True, slots=True)

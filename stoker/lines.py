@@ -60,11 +60,12 @@ class LineSettings:
     optimizer: str = "carry"
     lr_schedule: str = "wsd"
     cooldown_share: float = 0.1
+    replay: float = 0.0
 
     @classmethod
     def of(cls, train: Any) -> LineSettings:
         return cls(line=train.line, init=train.init, older_nights=train.older_nights, optimizer=train.optimizer,
-                   lr_schedule=train.lr_schedule, cooldown_share=train.cooldown_share)
+                   lr_schedule=train.lr_schedule, cooldown_share=train.cooldown_share, replay=train.replay)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,6 +265,8 @@ class Night:
     trained_at: str = ""
     seq: int = 0
     """Join order in the line (1 for its first night); set when the night joins."""
+    replayed: int = 0
+    """Sequences of earlier nights trained again in this night (``train.replay``)."""
     lineage: list[dict[str, Any]] = field(default_factory=list)
     """Every night of the model's history, oldest first, this one last (plus its HF start, if any)."""
 
@@ -286,23 +289,26 @@ def night_record(manifest: Any, summary: dict[str, Any], parent: Parent) -> Nigh
               sequences=summary["sequences_consumed"], tokens=summary["tokens_consumed"],
               first_loss=summary.get("first_loss"), last_loss=summary.get("last_loss"),
               offsets={str(p.partition): [p.start_offset, p.end_offset] for p in manifest.partitions},
+              replayed=int(summary.get("sequences_replayed", 0)),
               trained_at=datetime.now(UTC).isoformat(timespec="seconds"))
     n.lineage = [*history, n.entry()]
     return n
 
 
+def _link(src: str | Path, dst: str | Path) -> None:
+    """A hard link where the file system allows (a checkpoint is big), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def _link_tree(src: Path, dst: Path) -> None:
-    """A copy made of hard links where the file system allows (a checkpoint is big), else bytes."""
-    def link(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-    shutil.copytree(src, dst, copy_function=link)
+    shutil.copytree(src, dst, copy_function=_link)
 
 
 def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, holdout: Path | None = None,
-            trunk: Path | None = None) -> NightFiles:
+            trunk: Path | None = None, replay_store: Path | None = None) -> NightFiles:
     """Record a finished night in its line: its final complete checkpoint, its HF export with a model
     card, its held-out documents, its record last, in a new folder of the line's store; then the night's
     link is swapped to it in one rename, so a reader (or a crash) sees the old night or the whole new one.
@@ -330,6 +336,8 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
         _link_tree(trunk, new.trunk)
     if holdout is not None and holdout.is_dir():
         _link_tree(holdout, new.holdout)
+    if replay_store is not None and replay_store.is_file():
+        _link(replay_store, new.replay_store)
     new.card.unlink(missing_ok=True)
     new.card.write_text(model_card(night))
     atomic_write_json(new.record, asdict(night))

@@ -119,8 +119,9 @@ def _training(run_dir: Path, m: Any) -> dict[str, Any] | None:
     if not data:
         return None
     keys = ("steps", "sequences_consumed", "sequences_published", "tokens_consumed", "first_loss", "last_loss",
-            "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe", "ranks")
-    return {**{k: data.get(k) for k in keys}, "line": _line(files, m)}
+            "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe", "ranks",
+            "sequences_replayed")
+    return {**{k: data.get(k) for k in keys}, "line": _line(files, m), "replay": _read_json(files.replay_draw) or None}
 
 
 def _line(files: Any, m: Any) -> dict[str, Any] | None:
@@ -166,6 +167,9 @@ def render(s: dict[str, Any]) -> str:
             f"  training         {t['recipe']}, {t['world_size']} rank(s), {t['steps']} steps",
             f"    consumed       {t['sequences_consumed']} of {t['sequences_published']} sequences "
             f"({t['tokens_consumed']} label tokens)",
+            *([f"    replayed       {t['sequences_replayed']} sequences of {len(t['replay']['nights'])} earlier "
+               f"night(s) (train.replay {t['replay']['share']}; {t['replay']['drawn'] - t['replay']['replayed']} "
+               "drawn were gone)"] if t.get("replay") else []),
             f"    loss           {t['first_loss']:.3f} -> {t['last_loss']:.3f}",
             f"    data wait      {100 * t['data_wait_fraction']:.2f}% of step time",
             *(f"    rank {r['rank']:<9} partitions {r['partitions']}: {r['tokens_this_session']} label tokens"

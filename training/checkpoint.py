@@ -24,9 +24,9 @@ log = logging.getLogger("stoker.train.checkpoint")
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """One data state for the run: each partition's offset (and read count) from the rank that owns it."""
+    """One data state for the run: each partition's offset (read count, replayed rows) from the rank that owns it."""
     merged = dict(states[0])
-    for key in ("next_offsets", "consumed"):
+    for key in ("next_offsets", "consumed", "replayed"):
         if any(key not in s for s in states):
             merged.pop(key, None)
             continue

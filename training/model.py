@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stoker.manifest import Manifest
 from stoker.recipes import TrainRecipe
 
 
@@ -97,3 +98,23 @@ def balance_stats(loads: list[Any]) -> dict[str, float]:
     if not ratios:
         return {"expert_load_max_over_mean": 1.0, "expert_load_max_over_mean_worst": 1.0}
     return {"expert_load_max_over_mean": sum(ratios) / len(ratios), "expert_load_max_over_mean_worst": max(ratios)}
+
+
+def special_ids(manifest: Manifest) -> tuple[int, int]:
+    """(EOS, PAD) as the packer used them: from the manifest. A manifest of an earlier Stoker has none:
+    the defaults of the corpus config are looked up in its tokenizer, and one that is missing is an
+    error (never a silent id 0)."""
+    if manifest.eos_id >= 0 and manifest.pad_id >= 0:
+        return manifest.eos_id, manifest.pad_id
+    from tokenizers import Tokenizer
+
+    from stoker.config import TokenizerConfig
+    from stoker.exceptions import StokerError
+
+    tok, defaults = Tokenizer.from_file(manifest.tokenizer_path), TokenizerConfig(path="defaults.json")
+    eos, pad = tok.token_to_id(defaults.eos_token), tok.token_to_id(defaults.pad_token)
+    if eos is None or pad is None:
+        raise StokerError(f"{manifest.run_id}: the manifest records no EOS/PAD ids and the tokenizer "
+                          f"{manifest.tokenizer_path} has no {defaults.eos_token!r}/{defaults.pad_token!r}: "
+                          "re-run tokenize_publish for the date, so the manifest carries the ids it packed with")
+    return int(eos), int(pad)

@@ -23,11 +23,12 @@ from typing import Any
 
 from stoker.client_config import config_from_env
 from stoker.layout import TrainerFiles, checkpoint_tag, consumer_group
-from stoker.manifest import Manifest, atomic_write_json, read_manifest
+from stoker.manifest import atomic_write_json, read_manifest
 from stoker.recipes import TrainRecipe, get_recipe
 from training import checkpoint, inherit
 from training.data.kafka_source import verify_consumed
 from training.export import export
+from training.model import special_ids as model_ids
 from training.progress import Progress, StepStats
 
 log = logging.getLogger("stoker.train")
@@ -67,26 +68,6 @@ def dist_backend(cuda: bool) -> str:
     """The process group's backends: NCCL for the model's CUDA tensors, and gloo for the trainer's own
     small CPU tensors (the step's row and token counts, expert loads, flags), which NCCL cannot reduce."""
     return "cpu:gloo,cuda:nccl" if cuda else "gloo"
-
-
-def special_ids(manifest: Manifest) -> tuple[int, int]:
-    """(EOS, PAD) as the packer used them: from the manifest. A manifest of an earlier Stoker has none:
-    the defaults of the corpus config are looked up in its tokenizer, and one that is missing is an
-    error (never a silent id 0)."""
-    if manifest.eos_id >= 0 and manifest.pad_id >= 0:
-        return manifest.eos_id, manifest.pad_id
-    from tokenizers import Tokenizer
-
-    from stoker.config import TokenizerConfig
-    from stoker.exceptions import StokerError
-
-    tok, defaults = Tokenizer.from_file(manifest.tokenizer_path), TokenizerConfig(path="defaults.json")
-    eos, pad = tok.token_to_id(defaults.eos_token), tok.token_to_id(defaults.pad_token)
-    if eos is None or pad is None:
-        raise StokerError(f"{manifest.run_id}: the manifest records no EOS/PAD ids and the tokenizer "
-                          f"{manifest.tokenizer_path} has no {defaults.eos_token!r}/{defaults.pad_token!r}: "
-                          "re-run tokenize_publish for the date, so the manifest carries the ids it packed with")
-    return int(eos), int(pad)
 
 
 def to_tensors(pending: Any, seq_len: int, pad_id: int) -> tuple[Any, Any, Any, list[bytes], Any]:
@@ -135,8 +116,9 @@ class Trainer:
         import torch.distributed as dist
 
         from training.data.kafka_source import KafkaTokenSource
+        from training.data.replay import load_rows, with_replay
         from training.metrics import Metrics
-        from training.model import ExpertLoad, balance_stats, build_model
+        from training.model import ExpertLoad, balance_stats
         from training.schedule import lr_plan
 
         if torch.cuda.is_available():
@@ -149,17 +131,13 @@ class Trainer:
         self.args, self.manifest, self.recipe = args, read_manifest(args.manifest), resolve_recipe(args)
         self.kafka_config = config_from_env()
         self.group_id = args.group_id or consumer_group(self.manifest.topic)
-        self.eos_id, self.pad_id = special_ids(self.manifest)
-        if args.init_from:
-            self._phase(f"loading the weights it continues from {args.init_from}")
-            model = inherit.load_model(args.init_from, self.manifest.seq_len, self.manifest.vocab_size)
-        else:
-            self._phase(f"building the {self.recipe.name} model (random weights)")
-            model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id,
-                                self.pad_id)
+        self.eos_id, self.pad_id = model_ids(self.manifest)
+        model = self._model()
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
+        replay = load_rows(self.files.replay)  # train.replay: rows of the line's earlier nights, mixed in
+        rows = self.manifest.sequences + (len(replay) if replay is not None else 0)
         config, client_scheduler, self.fork_at = lr_plan(self.recipe, args.lr_schedule, args.cooldown_share,
-                                                         math.ceil(self.manifest.sequences / global_batch),
+                                                         math.ceil(rows / global_batch),
                                                          inherit.is_night(args.init_from))
         self._phase(f"starting the DeepSpeed engine (ZeRO {self.recipe.zero_stage}, "
                     f"{'bf16' if self.recipe.bf16 else 'fp32'})")
@@ -167,9 +145,9 @@ class Trainer:
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config,
             lr_scheduler=client_scheduler)
         self._phase(f"opening the run topic {self.manifest.topic} (group {self.group_id})")
-        self.source = KafkaTokenSource(kafka_config=self.kafka_config, manifest=self.manifest, rank=self.rank,
-                                       world=self.world, batch_size=self.recipe.micro_batch_size,
-                                       group_id=self.group_id)
+        self.source = with_replay(KafkaTokenSource(kafka_config=self.kafka_config, manifest=self.manifest,
+                                                   rank=self.rank, world=self.world, group_id=self.group_id,
+                                                   batch_size=self.recipe.micro_batch_size), replay)
         self.progress = Progress(publication=self.manifest.publication)
         self.data_state: dict[str, Any] = {}
         self.saved_step = -1
@@ -185,6 +163,16 @@ class Trainer:
         self.keys_log = self._open_keys_log()
         log.info("rank %d/%d: partitions %s, %d offsets left, starting at step %d", self.rank, self.world,
                  self.source.partitions, self.source.remaining(), self.progress.step)
+
+    def _model(self) -> Any:
+        """The weights the night starts from: its parent's, or the recipe's shape at random."""
+        from training.model import build_model
+
+        if self.args.init_from:
+            self._phase(f"loading the weights it continues from {self.args.init_from}")
+            return inherit.load_model(self.args.init_from, self.manifest.seq_len, self.manifest.vocab_size)
+        self._phase(f"building the {self.recipe.name} model (random weights)")
+        return build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id, self.pad_id)
 
     def _resume(self) -> None:
         if not checkpoint.has_checkpoint(self.files.checkpoints):  # this night's first launch
@@ -290,8 +278,10 @@ class Trainer:
         inside a window trained none of them: its resume trains them again)."""
         if self.keys_log:
             for step, keys in self.window_keys:
-                self.keys_log.write(json.dumps({"step": step, "optimizer_step": self.engine.global_steps,
-                                                "keys": [k.decode() for k in keys]}) + "\n")
+                row = {"step": step, "optimizer_step": self.engine.global_steps,
+                       "keys": [k.decode() for k in keys if not k.startswith(b"replay:")]}
+                replayed = [k.decode() for k in keys if k.startswith(b"replay:")]  # train.replay's rows, apart
+                self.keys_log.write(json.dumps({**row, "replayed": replayed} if replayed else row) + "\n")
             self.keys_log.flush()
         self.window_keys = []
 
@@ -376,9 +366,11 @@ class Trainer:
         dist.all_gather_object(per_rank, {"rank": self.rank, "partitions": self.source.partitions,
                                           "tokens_this_session": self.progress.rank_tokens})
         p, f = self.progress, self.files
+        replayed = sum(self.data_state.get("replayed", {}).values())  # rows of earlier nights (train.replay)
         summary = {"steps": p.step, "optimizer_steps": self.engine.global_steps,
                    "sequences_this_session": p.session_sequences,
-                   "tokens_this_session": p.session_tokens, "sequences_consumed": p.sequences,
+                   "tokens_this_session": p.session_tokens, "sequences_replayed": replayed,
+                   "sequences_consumed": p.sequences - replayed,
                    "tokens_consumed": p.tokens,
                    "sequences_published": self.manifest.sequences, "first_loss": p.first_loss,
                    "last_loss": p.last_loss, "data_wait_fraction": float(waits[0]) / self.world / max(elapsed, 1e-9),

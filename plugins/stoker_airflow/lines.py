@@ -136,6 +136,45 @@ def launch_parent(settings: LineSettings, files: TrainerFiles, manifest: Any) ->
     return parent
 
 
+def prepare_replay(settings: LineSettings, files: TrainerFiles, manifest: Any, parent: Parent,
+                   kafka_config: dict[str, Any]) -> dict[str, Any] | None:
+    """``train.replay``: the rows of the line's earlier nights this night mixes in (:mod:`stoker.replay`), drawn
+    and read at its first launch from the parent's lineage, kept in the trainer's folder for its relaunches
+    (drawn again only when the parent changed, and then its checkpoints were removed too). None: no replay
+    (the line's first night, a Hugging Face start, or ``replay: 0``)."""
+    from stoker import replay
+    from stoker.lines import read_night
+
+    if settings.replay <= 0 or parent.kind != "night":
+        files.replay.unlink(missing_ok=True)
+        files.replay_draw.unlink(missing_ok=True)
+        return None
+    def store_of(entry: dict[str, Any]) -> Path:
+        return settings.layout.night(str(entry.get("ds")), str(entry.get("corpus"))).replay_store
+
+    done = replay.prepare(kafka_config, read_night(NightFiles(Path(parent.path))),
+                          {"kind": parent.kind, "path": parent.path}, manifest, settings.replay, files.replay,
+                          files.replay_draw, store_of)
+    if done is not None:
+        log.info("night %s replays %d sequences of %d earlier night(s) of line %s (train.replay %s, drawn %d, read in "
+                 "%.1f s): %s", manifest.ds, done["replayed"], len(done["nights"]), settings.line, settings.replay,
+                 done["drawn"], done["seconds"], files.replay_draw)
+    return done
+
+
+def keep_replay_store(settings: LineSettings | None, manifest: Any, files: TrainerFiles,
+                      kafka_config: dict[str, Any]) -> None:
+    """A night of a replaying line, done training: its rows for the line's replay store, read from its topic
+    now (``join_line`` puts them in its night folder)."""
+    from stoker import replay
+
+    if settings is None or settings.replay <= 0:
+        return
+    kept = replay.keep_store(kafka_config, manifest, settings.replay, files.replay_store)
+    log.info("night %s of %s leaves %d of its sequences to line %s's replay store", manifest.ds, manifest.corpus,
+             kept, settings.line)
+
+
 def init_args(parent: Parent) -> list[str]:
     """The trainer's start: the parent planned at this launch (the rest of the line's settings are in the plan)."""
     return ["--init-from", parent.path] if parent.kind in ("night", "hf") else []
@@ -162,7 +201,8 @@ def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles, holdou
     summary = json.loads(files.summary.read_text())
     night = night_record(manifest, summary, parent)
     export = Path(summary.get("export") or files.export)
-    done = promote(settings.layout, night, files.checkpoints, export, holdout, trunk=files.trunk)
+    done = promote(settings.layout, night, files.checkpoints, export, holdout, trunk=files.trunk,
+                   replay_store=files.replay_store)
     (export / "README.md").unlink(missing_ok=True)  # the run's own export carries the card too (a new file:
     (export / "README.md").write_text(done.card.read_text())  # never written through a link into the line)
     log.info("night %s of %s joined line %s as its %s (parent: %s); model card %s", manifest.ds, manifest.corpus,

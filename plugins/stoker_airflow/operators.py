@@ -22,7 +22,9 @@ from stoker_airflow.lines import (
     hand_line_lease_to,
     init_args,
     join_line,
+    keep_replay_store,
     launch_parent,
+    prepare_replay,
     take_line_lease,
     trainer_args,
 )
@@ -322,12 +324,14 @@ class DeepSpeedTrainOperator(BaseOperator):
         else:
             launcher.stop(placement)  # what an earlier try left: ranks orphaned by a killed launcher, remote ranks
             launcher.files.failure.unlink(missing_ok=True)
-            config = StokerKafkaHook(self.kafka_config_id).subprocess_config()
+            hook = StokerKafkaHook(self.kafka_config_id)
+            config = hook.subprocess_config()
             extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if self.log_keys else [])]
             plan = RunLayout.of_manifest(self.manifest_path).plan
             extra += ["--plan", str(plan)] if plan.is_file() else []  # the recipe and the line's settings
             if settings:
                 parent = launch_parent(settings, launcher.files, m)
+                prepare_replay(settings, launcher.files, m, parent, hook.client_config())
                 self.log.info("night %s of line %s starts from %s", m.ds, settings.line, parent.describe())
                 extra += init_args(parent) if plan.is_file() else trainer_args(settings, parent)
             env = {"STOKER_KAFKA_CONFIG": json.dumps(config)}
@@ -356,6 +360,7 @@ class DeepSpeedTrainOperator(BaseOperator):
         settings = self.line_settings()
         if event["status"] == Status.CAUGHT_UP:
             holdout = RunLayout.of_manifest(self.manifest_path).holdout
+            keep_replay_store(settings, m, launcher.files, StokerKafkaHook(self.kafka_config_id).client_config())
             night = join_line(settings, m, launcher.files, holdout) if settings else None
             if settings and self.gate_task_id:  # no night of the line launches before the gate decided
                 hand_line_lease_to(settings, m, context["ti"], self.gate_task_id)

@@ -73,7 +73,7 @@ def test_the_trainer_takes_eos_and_pad_from_the_manifest_and_never_guesses(tmp_p
     from tokenizers.models import WordLevel
 
     from stoker.exceptions import StokerError
-    from training.trainer import special_ids
+    from training.model import special_ids
 
     tok_path = tmp_path / "tok.json"
     Tokenizer(WordLevel({"a": 0, "<|endoftext|>": 7, "<|pad|>": 9}, unk_token="a")).save(str(tok_path))

@@ -55,3 +55,14 @@ def make_batch(seqs: list[PackedSequence], keys: list[bytes], seq_len: int) -> B
             real[row, s.valid:] = False
     pos = np.stack([position_ids(seq_len, s.doc_starts) for s in seqs])
     return Batch(input_ids=np.ascontiguousarray(inputs), labels=labels, position_ids=pos, keys=keys, real=real)
+
+
+def concat(a: Batch, b: Batch) -> Batch:
+    """The rows of ``a`` then those of ``b`` as one batch."""
+    if a.real is None and b.real is None:
+        real = None
+    else:
+        real = np.concatenate([x.real if x.real is not None else np.ones(x.input_ids.shape, dtype=bool)
+                               for x in (a, b)])
+    return Batch(input_ids=np.concatenate([a.input_ids, b.input_ids]), labels=np.concatenate([a.labels, b.labels]),
+                 position_ids=np.concatenate([a.position_ids, b.position_ids]), keys=[*a.keys, *b.keys], real=real)

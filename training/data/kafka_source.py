@@ -61,6 +61,9 @@ def verify_consumed(state: Mapping[str, Any], manifest: Manifest) -> None:
              f"offsets [{p.start_offset}, {p.end_offset}), next offset {nxt.get(str(p.partition))}"
              for p in manifest.partitions
              if consumed.get(str(p.partition), 0) != p.sequences or nxt.get(str(p.partition)) != p.end_offset]
+    replayed = state.get("replayed", {})  # train.replay: each drawn row of earlier nights once
+    wrong += [f"partition {p}: replayed {replayed.get(p, 0)} of its {n} rows of earlier nights"
+              for p, n in state.get("replay_total", {}).items() if replayed.get(p, 0) != n]
     if wrong:
         raise DataLost(f"{manifest.topic}: the trained sequences differ from the manifest's: {'; '.join(wrong)}. "
                        "Records were deleted (retention.ms) or skipped before training read them: the night "
@@ -217,9 +220,9 @@ class KafkaTokenSource:
             self._consumer.pause([TopicPartition(self.manifest.topic, p)])
             self._paused.add(p)
 
-    def next_batch(self) -> Pending | None:
-        """Up to ``batch_size`` sequences from this rank's partitions (fewer at the very end, None when
-        every partition is at its end). Offsets are not advanced until :meth:`mark_trained`.
+    def next_batch(self, limit: int | None = None) -> Pending | None:
+        """Up to ``batch_size`` (or ``limit``) sequences from this rank's partitions (fewer at the very end, None
+        when every partition is at its end). Offsets are not advanced until :meth:`mark_trained`.
 
         The order is a function of the offsets alone: each row comes from the rank's unfinished partition
         that has advanced least from its start offset (ties: the lower partition). So for a manifest and a
@@ -236,7 +239,8 @@ class KafkaTokenSource:
         order, buf, pos, start, end = self._order, self._buf, self._pos, self.start, self.end
         seq_len = self.manifest.seq_len
         decode, replace = records.decode, heapq.heapreplace
-        while len(seqs) < self.batch_size and order:
+        want = self.batch_size if limit is None else limit
+        while len(seqs) < want and order:
             p = order[0][1]  # the unfinished partition that advanced least (ties: the lower one)
             if not buf[p]:
                 self._fill(p)

@@ -1,0 +1,94 @@
+"""Forgetting with and without replay (``train.replay`` 0, 0.05, 0.25): two nights of one line through the DAG
+(``dag.test()``), with a deliberate shift between them, on the same data for every share.
+
+    .stoker/venv/bin/python bench/replay_bench.py          (make bench-replay; in make bench)
+
+Night 1 is the sample's shard part-00002 (English docstrings); night 2 is Python source code (the standard
+library's modules, cut into documents of about 1,500 characters), a shift the model must learn without
+losing night 1. The recipe is debug_cpu with one warm-up step, the default schedule (wsd), 20 documents a
+thousand held out. For each share: bits per byte on night 1's held-out documents after night 1 and after
+night 2 (its rise is what night 2 cost night 1), and night 2's own held-out figure. In the suite's
+environment, in a state folder of its own (``.stoker/bench-home``); results in ``.stoker/bench/replay.jsonl``,
+the table at the end is what BENCHMARKS.md records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e"), str(REPO / "bench")]
+os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by the suite's conftest
+
+SHARES = (0.0, 0.05, 0.25)
+FIRST, SECOND = "2026-11-24", "2026-11-25"
+CODE_DOCS = 1000
+
+
+def code_drop(folder: Path, docs: int = CODE_DOCS, size: int = 1500) -> None:
+    """Night 2's drop: the standard library's Python modules in documents of about ``size`` characters."""
+    folder.mkdir(parents=True)
+    out = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(errors="replace")
+        out += [text[i:i + size] for i in range(0, len(text), size) if text[i:i + size].strip()]
+        if len(out) >= docs:
+            break
+    (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in out[:docs]))
+    (folder / "_SUCCESS").write_text("")
+
+
+def line_of(share: float, root: Path, sample_data: Path) -> dict:
+    import test_sabotage as ts
+
+    from stoker.layout import LineLayout, RunLayout
+
+    shutil.rmtree(LineLayout.of(ts.CORPUS).folder, ignore_errors=True)
+    for ds in (FIRST, SECOND):
+        shutil.rmtree(RunLayout.of(ts.CORPUS, ds).run_dir, ignore_errors=True)
+    corpora = ts.sabotage_corpora(root, sample_data, {FIRST: ("part-00002.jsonl", None)})
+    code_drop(root / "drops" / SECOND)
+    config = corpora / f"{ts.CORPUS}.yaml"
+    config.write_text(config.read_text().replace("train:\n", f"train:\n  replay: {share}\n", 1))
+    t0 = time.monotonic()
+    one = ts.run_night(corpora, FIRST, review="promote")["eval"]["sets"]
+    two = ts.run_night(corpora, SECOND, review="promote")
+    sets, replayed = two["eval"]["sets"], (two.get("training") or {}).get("sequences_replayed") or 0
+    row = {"replay": share, "first_after_1": one["night"]["all"]["bpb"],
+           "first_after_2": sets[f"forgetting:{FIRST}.{ts.CORPUS}"]["all"]["bpb"], "own_2": sets["night"]["all"]["bpb"],
+           "replayed": replayed, "sequences_2": two["training"]["sequences_consumed"],
+           "seconds": round(time.monotonic() - t0, 1)}
+    row["rise"] = row["first_after_2"] - row["first_after_1"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    from sabotage_bench import environment
+
+    rows: list[dict] = []
+    results = REPO / ".stoker" / "bench" / "replay.jsonl"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with environment() as (home, data), tempfile.TemporaryDirectory(dir=home) as tmp:
+        for share in SHARES:
+            rows.append(line_of(share, Path(tmp) / f"replay-{share}", data))
+            with results.open("a") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
+    base = rows[0]
+    print("\n| train.replay | replayed / night 2's own | night 1 held-out after night 1 | after night 2 | rise | "
+          "rise vs no replay | night 2's own held-out | vs no replay | seconds |\n" + "|---" * 9 + "|")
+    for r in rows:
+        print(f"| {r['replay']} | {r['replayed']} / {r['sequences_2']} | {r['first_after_1']:.4f} | "
+              f"{r['first_after_2']:.4f} | {r['rise']:+.4f} | {r['rise'] / base['rise']:.2f}x | {r['own_2']:.4f} | "
+              f"{100 * (r['own_2'] / base['own_2'] - 1):+.1f}% | {r['seconds']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
