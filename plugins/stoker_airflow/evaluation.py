@@ -108,30 +108,29 @@ class NightEvalOperator(BaseOperator):
     def score(self, files: Any, sets: dict[str, Path], baseline: Path | None, run: Any) -> None:
         """The scores in a process of this task's own: the trainer wrote none for this export (it failed to,
         or it is of an earlier Stoker)."""
-        cmd = [sys.executable, "-m", "training.evaluate", "--model", str(files.export), "--out", str(run.evaluation),
-               *(["--baseline", str(baseline)] if baseline else []),
-               *[a for name, folder in sets.items() for a in ("--set", f"{name}={folder}")]]
         self.log.info("evaluating %s against %s on %s", files.export, baseline or "no baseline (random init)",
                       ", ".join(sets))
-        out = subprocess.run(cmd, cwd=paths.project_root(), env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                             capture_output=True, text=True, timeout=self.timeout_s)
-        if out.returncode != 0:
-            raise RuntimeError(f"evaluation failed (exit {out.returncode}): {out.stderr[-3000:]}")
+        self._run("training.evaluate", files.export, run.evaluation, baseline,
+                  [a for name, folder in sets.items() for a in ("--set", f"{name}={folder}")])
+
+    def _run(self, module: str, model: Path, out: Path, baseline: Path | None, args: list[str]) -> None:
+        """``python -m <module> --model --out [--baseline] ...`` offline, in a process of this task's own."""
+        cmd = [sys.executable, "-m", module, "--model", str(model), "--out", str(out),
+               *(["--baseline", str(baseline)] if baseline else []), *args]
+        done = subprocess.run(cmd, cwd=paths.project_root(), capture_output=True, text=True, timeout=self.timeout_s,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+        if done.returncode != 0:
+            raise RuntimeError(f"{module} failed (exit {done.returncode}): {done.stderr[-3000:]}")
 
     def harness(self, files: Any, baseline: Path | None, cfg: Any, run: Any) -> dict[str, Any]:
         """``eval.lm_eval_tasks`` on the export and the baseline, in a process of this task's own."""
         run.lm_eval.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "training.lm_eval_tasks", "--model", str(files.export), "--out", str(run.lm_eval),
-               *(["--baseline", str(baseline)] if baseline else []),
-               *(["--include", paths.expand(cfg.lm_eval_include)] if cfg.lm_eval_include else []),
-               *(["--limit", str(cfg.lm_eval_limit)] if cfg.lm_eval_limit else []),
-               *[a for task in cfg.lm_eval_tasks for a in ("--task", task)]]
         self.log.info("lm-eval tasks %s on %s and %s", ", ".join(cfg.lm_eval_tasks), files.export,
                       baseline or "no baseline (random init)")
-        out = subprocess.run(cmd, cwd=paths.project_root(), env={**os.environ, "HF_HUB_OFFLINE": "1",
-                             "HF_DATASETS_OFFLINE": "1"}, capture_output=True, text=True, timeout=self.timeout_s)
-        if out.returncode != 0:
-            raise RuntimeError(f"lm-eval tasks failed (exit {out.returncode}): {out.stderr[-3000:]}")
+        self._run("training.lm_eval_tasks", files.export, run.lm_eval, baseline, [
+            *(["--include", paths.expand(cfg.lm_eval_include)] if cfg.lm_eval_include else []),
+            *(["--limit", str(cfg.lm_eval_limit)] if cfg.lm_eval_limit else []),
+            *[a for task in cfg.lm_eval_tasks for a in ("--task", task)]])
         result: dict[str, Any] = json.loads(run.lm_eval.read_text())
         for task, row in result["tasks"].items():
             for name, m in row["metrics"].items():
