@@ -41,7 +41,7 @@ help:
 	@echo "            and the gate's and the LR schedules' benches below (~90 min)"
 	@echo "make bench-gate      ten trials of sabotaged nights against the promotion gate"
 	@echo "make bench-schedule  three nights of a line per LR schedule (rewarm, constant, wsd)"
-	@echo "make bench-replay    forgetting with train.replay 0, 0.05, 0.25 (docstrings, then code)"
+	@echo "make bench-replay    forgetting with train.replay 0, 0.05, 0.25 (docstrings, then CJK)"
 	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
 	@echo "            and duplicated sequences with Kafka's own reader (TRIALS=12, ~15 min)"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
@@ -160,7 +160,7 @@ bench: setup test-servers
 bench-schedule: setup
 	$(BIN)/python bench/schedule_bench.py
 
-# forgetting with train.replay 0, 0.05 and 0.25: two nights each, docstrings then code (about 10 min)
+# forgetting with train.replay 0, 0.05 and 0.25: two nights each, docstrings then CJK (about 10 min)
 bench-replay: setup
 	$(BIN)/python bench/replay_bench.py
 

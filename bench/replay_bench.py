@@ -3,9 +3,11 @@
 
     .stoker/venv/bin/python bench/replay_bench.py          (make bench-replay; in make bench)
 
-Night 1 is the sample's shard part-00002 (English docstrings); night 2 is Python source code (the standard
-library's modules, cut into documents of about 1,500 characters), a shift the model must learn without
-losing night 1. The recipe is debug_cpu with one warm-up step, the default schedule (wsd), 20 documents a
+Night 1 is the sample's shard part-00002 (English docstrings); night 2 is text in another script (sentences
+of CJK ideographs with a Zipfian character distribution), a shift the model must learn without losing night 1.
+(Python source code as night 2 was tried first: with no replay night 1's held-out figure went down, 2.335 ->
+2.247 bits per byte: the small model was still learning what code and docstrings share, so nothing was
+forgotten to measure.) The recipe is debug_cpu with one warm-up step, the default schedule (wsd), 20 documents a
 thousand held out. For each share: bits per byte on night 1's held-out documents after night 1 and after
 night 2 (its rise is what night 2 cost night 1), and night 2's own held-out figure. In the suite's
 environment, in a state folder of its own (``.stoker/bench-home``); results in ``.stoker/bench/replay.jsonl``,
@@ -16,9 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -29,19 +31,23 @@ os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by
 
 SHARES = (0.0, 0.05, 0.25)
 FIRST, SECOND = "2026-11-24", "2026-11-25"
-CODE_DOCS = 1000
+SHIFT_DOCS = 300
 
 
-def code_drop(folder: Path, docs: int = CODE_DOCS, size: int = 1500) -> None:
-    """Night 2's drop: the standard library's Python modules in documents of about ``size`` characters."""
+def shift_drop(folder: Path, docs: int = SHIFT_DOCS) -> None:
+    """Night 2's drop: text in another script. Sentences of CJK ideographs drawn with Zipf's law from 3,000 of
+    them (a language's skewed character use, learnable), about 500 characters a document; the sample's
+    tokenizer, trained on English, spells each ideograph in its byte tokens."""
     folder.mkdir(parents=True)
+    rng = random.Random(11)
+    chars = [chr(0x4E00 + i) for i in rng.sample(range(0x5000), 3000)]
+    weights = [1.0 / (rank + 1) for rank in range(len(chars))]
     out = []
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        text = path.read_text(errors="replace")
-        out += [text[i:i + size] for i in range(0, len(text), size) if text[i:i + size].strip()]
-        if len(out) >= docs:
-            break
-    (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in out[:docs]))
+    for _ in range(docs):
+        sentences = ["".join(rng.choices(chars, weights, k=rng.randint(8, 30))) + rng.choice("。，！？")
+                     for _ in range(rng.randint(15, 35))]
+        out.append("".join(sentences))
+    (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in out))
     (folder / "_SUCCESS").write_text("")
 
 
@@ -54,7 +60,7 @@ def line_of(share: float, root: Path, sample_data: Path) -> dict:
     for ds in (FIRST, SECOND):
         shutil.rmtree(RunLayout.of(ts.CORPUS, ds).run_dir, ignore_errors=True)
     corpora = ts.sabotage_corpora(root, sample_data, {FIRST: ("part-00002.jsonl", None)})
-    code_drop(root / "drops" / SECOND)
+    shift_drop(root / "drops" / SECOND)
     config = corpora / f"{ts.CORPUS}.yaml"
     config.write_text(config.read_text().replace("train:\n", f"train:\n  replay: {share}\n", 1))
     t0 = time.monotonic()

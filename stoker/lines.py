@@ -262,6 +262,8 @@ class Night:
     last_loss: float | None
     offsets: dict[str, list[int]]
     """Per partition: [start, end) of the run topic."""
+    partition_sequences: dict[str, int] = field(default_factory=dict)
+    """Per partition: the sequences in its range (a replay draws by record: stoker/replay.py)."""
     trained_at: str = ""
     seq: int = 0
     """Join order in the line (1 for its first night); set when the night joins."""
@@ -271,7 +273,8 @@ class Night:
     """Every night of the model's history, oldest first, this one last (plus its HF start, if any)."""
 
     def entry(self) -> dict[str, Any]:
-        keys = ("ds", "corpus", "topic", "sequences", "tokens", "steps", "first_loss", "last_loss", "offsets")
+        keys = ("ds", "corpus", "topic", "sequences", "tokens", "steps", "first_loss", "last_loss", "offsets",
+                "partition_sequences")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -289,6 +292,7 @@ def night_record(manifest: Any, summary: dict[str, Any], parent: Parent) -> Nigh
               sequences=summary["sequences_consumed"], tokens=summary["tokens_consumed"],
               first_loss=summary.get("first_loss"), last_loss=summary.get("last_loss"),
               offsets={str(p.partition): [p.start_offset, p.end_offset] for p in manifest.partitions},
+              partition_sequences={str(p.partition): p.sequences for p in manifest.partitions},
               replayed=int(summary.get("sequences_replayed", 0)),
               trained_at=datetime.now(UTC).isoformat(timespec="seconds"))
     n.lineage = [*history, n.entry()]

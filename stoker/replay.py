@@ -5,9 +5,10 @@ nights its model already holds, so continuing the line does not erase what earli
   the model was trained on, each with its topic and per-partition offsets ``[start, end)``. With share ``r``
   the night replays ``R = round(S * r / (1 - r))`` sequences (``S``: its own), so replayed rows are ``r`` of
   what it trains; at most every earlier sequence once. The ``R`` offsets are drawn without replacement,
-  uniformly over the earlier nights' offset ranges, by a generator seeded with the night's topic: a relaunch,
-  another worker or another host draws the same. An offset that falls on a transaction marker stands for the
-  next record of its partition (one record is taken once).
+  uniformly over the earlier nights' records, by a generator seeded with the night's topic: a relaunch,
+  another worker or another host draws the same. A draw names a record by its partition and its index in the
+  night's range (the night records each partition's count; transaction markers take offsets, so offsets
+  cannot name records), and reading scans the partition's range from its start.
 * **Where it is read.** The train task's launch reads the drawn records from their topics (read_committed,
   each partition from its first drawn offset) and writes them, decoded, into the trainer's folder
   (``replay.npz``), with the draw (``replay.json``: the parent, the share, per topic what was drawn, read,
@@ -32,7 +33,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,68 +54,85 @@ def replay_count(sequences: int, share: float) -> int:
 
 
 def draw(lineage: list[dict[str, Any]], sequences: int, share: float, seed: str) -> dict[str, dict[int, list[int]]]:
-    """Per topic and partition, the sorted offsets drawn from the earlier nights of ``lineage``."""
-    ranges = [(str(e["topic"]), int(p), int(s), int(t)) for e in lineage if e.get("topic")
-              for p, (s, t) in sorted(e.get("offsets", {}).items(), key=lambda kv: int(kv[0])) if t > s]
-    available = sum(int(e.get("sequences", 0)) for e in lineage if e.get("topic"))
-    want = min(replay_count(sequences, share), available)
-    if want == 0 or not ranges:
+    """Per topic and partition, the sorted indices of the records drawn (the k-th record of the partition's
+    range) from the earlier nights of ``lineage``."""
+    ranges = [(str(e["topic"]), int(p), _count(e, p, s, t)) for e in lineage if e.get("topic")
+              for p, (s, t) in sorted(e.get("offsets", {}).items(), key=lambda kv: int(kv[0]))]
+    ranges = [r for r in ranges if r[2] > 0]
+    total = sum(n for _, _, n in ranges)
+    want = min(replay_count(sequences, share), total)
+    if want == 0:
         return {}
-    starts, total = [], 0
-    for _, _, s, t in ranges:
-        starts.append(total)
-        total += t - s
+    starts, at = [], 0
+    for _, _, n in ranges:
+        starts.append(at)
+        at += n
     picks: dict[str, dict[int, list[int]]] = {}
     for pos in sorted(random.Random(seed).sample(range(total), want)):
         i = bisect.bisect_right(starts, pos) - 1
-        topic, p, s, _ = ranges[i]
-        picks.setdefault(topic, {}).setdefault(p, []).append(s + pos - starts[i])
+        topic, p, _ = ranges[i]
+        picks.setdefault(topic, {}).setdefault(p, []).append(pos - starts[i])
     return picks
 
 
-def _read_partition(reader: Any, topic: str, p: int, offsets: list[int], end: int, seq_len: int,
-                    timeout: float) -> tuple[list[tuple[bytes, Any]], int]:
-    """The records at (or first after) ``offsets`` of one partition, decoded; and how many had another length."""
+def _count(entry: dict[str, Any], p: str, start: int, end: int) -> int:
+    """The records in a partition's range: recorded with the night (``partition_sequences``); a night of an
+    earlier Stoker has only offsets, an upper bound (transaction markers take offsets too)."""
+    return int(entry.get("partition_sequences", {}).get(p, end - start))
+
+
+def _records(reader: Any, topic: str, p: int, start: int, end: int, timeout: float) -> Iterator[Any]:
+    """The committed records of ``topic[p]`` from offset ``start`` up to ``end``."""
     from confluent_kafka import KafkaError, TopicPartition
 
-    from stoker import records
-
-    reader.assign([TopicPartition(topic, p, offsets[0])])
-    out: list[tuple[bytes, Any]] = []
-    i, other_length, deadline = 0, 0, time.monotonic() + timeout
-    while i < len(offsets):
+    reader.assign([TopicPartition(topic, p, start)])
+    deadline = time.monotonic() + timeout
+    while True:
         msg = reader.poll(1.0)
         if msg is None:
             if time.monotonic() > deadline:
-                raise StokerError(f"replay: reading {topic}[{p}] from offset {offsets[i]}: no record in {timeout:.0f}s")
+                raise StokerError(f"replay: reading {topic}[{p}] in [{start}, {end}): no record in {timeout:.0f}s: "
+                                  "is the broker up?")
             continue
+        deadline = time.monotonic() + timeout
         err = msg.error()
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF and msg.offset() >= end:
-                break  # the rest were transaction markers at the end of the range
+                return  # only transaction markers were left in the range
             if err.code() != KafkaError._PARTITION_EOF:
                 raise StokerError(f"replay: reading {topic}[{p}]: {err}")
             continue
-        at, hit = msg.offset(), False
-        while i < len(offsets) and offsets[i] <= at:
-            i, hit = i + 1, True
-        if hit:
-            try:
-                out.append((KEY_PREFIX + f"{topic}:".encode() + msg.key(), records.decode(msg.value(), msg.headers(),
-                                                                                            seq_len)))
-            except records.RecordError:
-                other_length += 1
-        if at + 1 >= end:
+        yield msg
+        if msg.offset() + 1 >= end:
+            return
+
+
+def _read_partition(reader: Any, topic: str, p: int, indices: list[int], span: tuple[int, int], seq_len: int,
+                    timeout: float) -> tuple[list[tuple[bytes, Any]], int]:
+    """The drawn records of one partition (by their index in the range ``span``), decoded; and how many had
+    another length. Fewer when the range holds fewer records than an index."""
+    from stoker import records
+
+    out, other_length, i = [], 0, 0
+    for k, msg in enumerate(_records(reader, topic, p, span[0], span[1], timeout)):
+        if k != indices[i]:
+            continue
+        i += 1
+        try:
+            out.append((KEY_PREFIX + f"{topic}:".encode() + msg.key(), records.decode(msg.value(), msg.headers(),
+                                                                                        seq_len)))
+        except records.RecordError:
+            other_length += 1
+        if i == len(indices):
             break
-    reader.unassign()
     return out, other_length
 
 
 def read_drawn(config: Mapping[str, Any], picks: dict[str, dict[int, list[int]]],
-               ranges: dict[str, dict[int, int]], seq_len: int,
+               ranges: dict[str, dict[int, tuple[int, int]]], seq_len: int,
                timeout: float = 120.0) -> tuple[list[tuple[bytes, Any]], dict[str, dict[str, int]]]:
     """The drawn records, decoded, and per topic: drawn, read, missing (deleted), other_length.
-    ``ranges``: per topic and partition, the end offset of its night's range."""
+    ``ranges``: per topic and partition, its night's offset range ``(start, end)``."""
     from stoker import kafka as skafka
     from stoker.kafka_clients import Role, consumer
 
@@ -129,14 +147,16 @@ def read_drawn(config: Mapping[str, Any], picks: dict[str, dict[int, list[int]]]
                 earliest = skafka.start_offsets(config, topic)
             except StokerError:
                 earliest = {}
-            for p, offsets in sorted(parts.items()):
-                kept = [o for o in offsets if p in earliest and o >= earliest[p]]
-                st["missing"] += len(offsets) - len(kept)
-                if kept:
-                    got, other = _read_partition(reader, topic, p, kept, ranges[topic][p], seq_len, timeout)
-                    rows += got
-                    st["read"] += len(got)
-                    st["other_length"] += other
+            for p, indices in sorted(parts.items()):
+                start, end = ranges[topic][p]
+                if p not in earliest or earliest[p] > start:  # retention deleted (some of) its range
+                    st["missing"] += len(indices)
+                    continue
+                got, other = _read_partition(reader, topic, p, indices, (start, end), seq_len, timeout)
+                rows += got
+                st["read"] += len(got)
+                st["other_length"] += other
+                st["missing"] += len(indices) - len(got) - other
     finally:
         reader.close()
     return rows, stats
@@ -159,10 +179,11 @@ def keep_store(config: Mapping[str, Any], manifest: Any, share: float, out: Path
     records, drawn like a replay (seeded by its topic) and read from its topic while it surely exists (the night
     just trained), for later nights to replay once retention has deleted the topic. The rows kept."""
     entry = {"topic": manifest.topic, "sequences": manifest.sequences,
-             "offsets": {str(p.partition): [p.start_offset, p.end_offset] for p in manifest.partitions}}
+             "offsets": {str(p.partition): [p.start_offset, p.end_offset] for p in manifest.partitions},
+             "partition_sequences": {str(p.partition): p.sequences for p in manifest.partitions}}
     picks = draw([entry], manifest.sequences, share, seed=f"store:{manifest.topic}")
-    rows, _ = read_drawn(config, picks, {manifest.topic: {p.partition: p.end_offset for p in manifest.partitions}},
-                         manifest.seq_len)
+    spans = {p.partition: (p.start_offset, p.end_offset) for p in manifest.partitions}
+    rows, _ = read_drawn(config, picks, {manifest.topic: spans}, manifest.seq_len)
     write_rows(out, rows, manifest.seq_len)
     return len(rows)
 
@@ -210,7 +231,7 @@ def prepare(config: Mapping[str, Any], parent_record: dict[str, Any], parent: di
     picks = draw(lineage, manifest.sequences, share, seed=manifest.topic) if share > 0 else {}
     if not picks:
         return None
-    ranges = {str(e["topic"]): {int(p): int(t) for p, (_, t) in e["offsets"].items()} for e in lineage}
+    ranges = {str(e["topic"]): {int(p): (int(f), int(t)) for p, (f, t) in e["offsets"].items()} for e in lineage}
     t0 = time.perf_counter()
     rows, stats = read_drawn(config, picks, ranges, manifest.seq_len)
     for e in lineage:

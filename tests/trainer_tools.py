@@ -56,9 +56,11 @@ def publish_run(config: dict, tokenizer: Path, out: Path, *, partitions: int = 4
 
 
 def publish_text_run(config: dict, tokenizer: Path, texts: list[str], out: Path, *, ds: str, seq_len: int = 64,
-                     partitions: int = 2, corpus: str = "lines", max_sequences: int = 300) -> Manifest:
+                     partitions: int = 2, corpus: str = "lines", max_sequences: int = 300,
+                     transactions: int = 1) -> Manifest:
     """Real text as the Spark stage packs it (documents back to back, EOS after each, ``seq_len + 1``
-    ids a record), so that a model's loss on it means something; one transaction; manifest in ``out``."""
+    ids a record), so that a model's loss on it means something; in ``transactions`` transactions (each
+    leaves a marker offset in every partition); manifest in ``out``."""
     from confluent_kafka import Producer
     from tokenizers import Tokenizer
 
@@ -73,6 +75,9 @@ def publish_text_run(config: dict, tokenizer: Path, texts: list[str], out: Path,
     producer.begin_transaction()
     counts: Counter[int] = Counter()
     for i, row in enumerate(rows):
+        if i and i % -(-len(rows) // transactions) == 0:
+            producer.commit_transaction(30)
+            producer.begin_transaction()
         producer.produce(topic, key=records.make_key(0, i), partition=i % partitions,
                          value=records.encode_value(np.asarray(row), "uint16"),
                          headers=records.encode_headers(f"{corpus}/{ds}", "uint16", doc_starts=[0]))

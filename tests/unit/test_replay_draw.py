@@ -33,10 +33,14 @@ def test_a_draw_is_the_share_of_the_night_spread_over_earlier_nights_and_fixed_b
     picks = draw(lineage, 950, 0.05, seed="night3")
     assert replay_count(950, 0.05) == 50 and sum(len(o) for p in picks.values() for o in p.values()) == 50
     assert picks == draw(lineage, 950, 0.05, seed="night3") != draw(lineage, 950, 0.05, seed="other")
-    for topic, parts in picks.items():
-        for p, offsets in parts.items():
+    for topic, parts in picks.items():  # records by their index in the partition's range
+        for p, indices in parts.items():
             start, end = next(e for e in lineage if e.get("topic") == topic)["offsets"][str(p)]
-            assert offsets == sorted(set(offsets)) and all(start <= o < end for o in offsets)
+            assert indices == sorted(set(indices)) and all(0 <= k < end - start for k in indices)
+    # a night records each partition's count of records (its offsets hold transaction markers too)
+    counted = [{**lineage[1], "partition_sequences": {"0": 300, "1": 200}}]
+    every = draw(counted, 10_000, 0.2, seed="x")  # all 500 of them, each once
+    assert every == {"n1": {0: list(range(300)), 1: list(range(200))}}
     big = draw(lineage, 20_000, 0.2, seed="x")  # 5,000 wanted, 4,000 there: every earlier sequence once
     assert sum(len(o) for o in big["n1"].values()) == 1000 and len(big["n2"][0]) == 3000
     mid = draw(lineage, 8000, 0.2, seed="x")  # 2,000 of 4,000: the nights in proportion to their size
