@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -51,7 +50,7 @@ def shift_drop(folder: Path, docs: int = SHIFT_DOCS) -> None:
     (folder / "_SUCCESS").write_text("")
 
 
-def line_of(share: float, root: Path, sample_data: Path) -> dict:
+def line_of(share: float, root: Path, sample_data: Path) -> list[dict]:
     import test_sabotage as ts
 
     from stoker.layout import LineLayout, RunLayout
@@ -73,20 +72,13 @@ def line_of(share: float, root: Path, sample_data: Path) -> dict:
            "seconds": round(time.monotonic() - t0, 1)}
     row["rise"] = row["first_after_2"] - row["first_after_1"]
     print(json.dumps(row), flush=True)
-    return row
+    return [row]
 
 
 def main() -> None:
-    from sabotage_bench import environment
+    from sabotage_bench import each_variant
 
-    rows: list[dict] = []
-    results = REPO / ".stoker" / "bench" / "replay.jsonl"
-    results.parent.mkdir(parents=True, exist_ok=True)
-    with environment() as (home, data), tempfile.TemporaryDirectory(dir=home) as tmp:
-        for share in SHARES:
-            rows.append(line_of(share, Path(tmp) / f"replay-{share}", data))
-            with results.open("a") as f:
-                f.write(json.dumps(rows[-1]) + "\n")
+    rows = each_variant("replay.jsonl", SHARES, line_of)
     base = rows[0]
     print("\n| train.replay | replayed / night 2's own | night 1 held-out after night 1 | after night 2 | rise | "
           "rise vs no replay | night 2's own held-out | vs no replay | seconds |\n" + "|---" * 9 + "|")

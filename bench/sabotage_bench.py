@@ -27,9 +27,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import date, timedelta
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
@@ -125,6 +126,21 @@ def environment() -> Iterator[tuple[Path, Path]]:
         yield home, data
     finally:
         stack.down(broker)
+
+
+def each_variant(results: str, variants: Iterable[Any], run: Callable[[Any, Path, Path], list[dict]]) -> list[dict]:
+    """``run(variant, a folder of its own, the sample's data)`` for each variant in the suite's environment; every
+    row it returns is also appended to ``.stoker/bench/<results>`` as that variant finishes."""
+    rows: list[dict] = []
+    out = REPO / ".stoker" / "bench" / results
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with environment() as (home, data), tempfile.TemporaryDirectory(dir=home) as tmp:
+        for i, variant in enumerate(variants):
+            new = run(variant, Path(tmp) / f"variant-{i}", data)
+            rows += new
+            with out.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in new)
+    return rows
 
 
 def _mean(xs: list) -> float:

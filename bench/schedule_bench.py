@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +37,7 @@ def line_of(schedule: str, root: Path, sample_data: Path) -> list[dict]:
     shutil.rmtree(LineLayout.of(ts.CORPUS).folder, ignore_errors=True)
     for ds in NIGHTS:
         shutil.rmtree(RunLayout.of(ts.CORPUS, ds).run_dir, ignore_errors=True)
-    corpora = ts.sabotage_corpora(root / schedule, sample_data, {ds: (shard, None) for ds, shard in NIGHTS.items()})
+    corpora = ts.sabotage_corpora(root, sample_data, {ds: (shard, None) for ds, shard in NIGHTS.items()})
     config = corpora / f"{ts.CORPUS}.yaml"
     config.write_text(config.read_text().replace("train:\n", f"train:\n  lr_schedule: {schedule}\n", 1))
     first, out = min(NIGHTS), []
@@ -54,16 +53,9 @@ def line_of(schedule: str, root: Path, sample_data: Path) -> list[dict]:
 
 
 def main() -> None:
-    from sabotage_bench import environment
+    from sabotage_bench import each_variant
 
-    rows: list[dict] = []
-    results = REPO / ".stoker" / "bench" / "schedules.jsonl"
-    results.parent.mkdir(parents=True, exist_ok=True)
-    with environment() as (home, data), tempfile.TemporaryDirectory(dir=home) as tmp:
-        for schedule in SCHEDULES:
-            rows += line_of(schedule, Path(tmp), data)
-            with results.open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows if r["schedule"] == schedule)
+    rows = each_variant("schedules.jsonl", SCHEDULES, line_of)
     print("\n| schedule | night | decision | own held-out (bits/byte) | first night's held-out | seconds |\n"
           "|---|---|---|---|---|---|")
     for r in rows:
