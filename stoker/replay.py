@@ -162,16 +162,29 @@ def read_drawn(config: Mapping[str, Any], picks: dict[str, dict[int, list[int]]]
     return rows, stats
 
 
-def read_rows(path: Path) -> list[tuple[bytes, Any]]:
-    """The rows of a file :func:`write_rows` wrote."""
-    import numpy as np
+class ReplayRows:
+    """The rows of a file :func:`write_rows` wrote, decoded on demand."""
 
-    from stoker.records import PackedSequence
+    def __init__(self, path: Path) -> None:
+        import numpy as np
 
-    with np.load(path, allow_pickle=False) as d:
-        tokens, valid, keys, starts, bounds = d["tokens"], d["valid"], d["keys"], d["doc_starts"], d["doc_bounds"]
-    return [(str(keys[i]).encode(), PackedSequence(tokens[i], "replay", starts[bounds[i]:bounds[i + 1]],
-                                                   None if valid[i] < 0 else int(valid[i]))) for i in range(len(keys))]
+        with np.load(path, allow_pickle=False) as d:
+            self.tokens, self.valid, self.keys = d["tokens"], d["valid"], d["keys"]
+            self.doc_starts, self.doc_bounds = d["doc_starts"], d["doc_bounds"]
+        self.path = path
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def key(self, i: int) -> bytes:
+        return str(self.keys[i]).encode()
+
+    def sequence(self, i: int) -> Any:
+        from stoker.records import PackedSequence
+
+        v = int(self.valid[i])
+        return PackedSequence(self.tokens[i], "replay", self.doc_starts[self.doc_bounds[i]:self.doc_bounds[i + 1]],
+                              None if v < 0 else v)
 
 
 def keep_store(config: Mapping[str, Any], manifest: Any, share: float, out: Path) -> int:
@@ -192,8 +205,9 @@ def _from_store(store: Path | None, want: int, seed: str) -> list[tuple[bytes, A
     """``want`` rows of an earlier night's store (fewer when it holds fewer), chosen by ``seed``."""
     if store is None or not store.is_file() or want <= 0:
         return []
-    rows = read_rows(store)
-    return [rows[i] for i in sorted(random.Random(seed).sample(range(len(rows)), min(want, len(rows))))]
+    rows = ReplayRows(store)
+    return [(rows.key(i), rows.sequence(i))
+            for i in sorted(random.Random(seed).sample(range(len(rows)), min(want, len(rows))))]
 
 
 def write_rows(out: Path, rows: list[tuple[bytes, Any]], seq_len: int) -> None:

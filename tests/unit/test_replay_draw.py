@@ -15,10 +15,10 @@ import pytest
 
 from stoker.exceptions import StokerError
 from stoker.records import PackedSequence
-from stoker.replay import draw, replay_count, write_rows
+from stoker.replay import ReplayRows, draw, replay_count, write_rows
 from training.checkpoint import merge_states
 from training.data.batch import make_batch
-from training.data.replay import ReplayMixer, ReplayRows, with_replay
+from training.data.replay import ReplayMixer, with_replay
 
 pytestmark = pytest.mark.unit
 SEQ_LEN = 8

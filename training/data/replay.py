@@ -17,29 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from stoker.exceptions import StokerError
-from stoker.records import PackedSequence
+from stoker.replay import ReplayRows
 from training.data.batch import Batch, concat, make_batch
-
-
-class ReplayRows:
-    """The drawn rows, decoded (``stoker.replay.write_rows``)."""
-
-    def __init__(self, path: Path) -> None:
-        with np.load(path, allow_pickle=False) as d:
-            self.tokens, self.valid, self.keys = d["tokens"], d["valid"], d["keys"]
-            self.doc_starts, self.doc_bounds = d["doc_starts"], d["doc_bounds"]
-        self.path = path
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def sequence(self, i: int) -> PackedSequence:
-        v = int(self.valid[i])
-        return PackedSequence(self.tokens[i], "replay", self.doc_starts[self.doc_bounds[i]:self.doc_bounds[i + 1]],
-                              None if v < 0 else v)
 
 
 def load_rows(path: Path) -> ReplayRows | None:
@@ -121,7 +101,7 @@ class ReplayMixer:
         items, picks = self._picks(n)
         if not items:
             return None if fresh is None else Mixed(batch=fresh.batch, fresh=fresh, replayed={})
-        replay = make_batch([self.rows.sequence(i) for i in items], [self.rows.keys[i].encode() for i in items],
+        replay = make_batch([self.rows.sequence(i) for i in items], [self.rows.key(i) for i in items],
                             src.manifest.seq_len)
         return Mixed(batch=concat(fresh.batch, replay) if fresh is not None else replay, fresh=fresh,
                      replayed=picks)
