@@ -128,7 +128,7 @@ run: setup stack-deps
 	$(BIN)/stoker refresh sample --ds $${DS:-$$(date -u +%F)}
 
 test: setup stack-deps hosts-deps browser-deps test-servers
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -21,8 +21,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-TEST_STATE = Path(os.environ.get("STOKER_TEST_HOME", REPO / ".stoker" / "test"))
-TEST_KAFKA_PORT = 29192
+# `make test` runs the suite's files on two xdist workers (gw0, gw1). Each is a session of its own: its own
+# state folder, broker port and Airflow home, so neither sees the other's runs, lines or DAG runs.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+TEST_STATE = Path(os.environ.get("STOKER_TEST_HOME", REPO / ".stoker" / "test")) / WORKER
+TEST_KAFKA_PORT = 29192 + 4 * int(WORKER.removeprefix("gw") or 0)  # the broker takes port, port + 1 and port + 2
 
 os.environ["STOKER_HOME"] = str(TEST_STATE)
 os.environ["STOKER_PROJECT"] = str(REPO)
@@ -31,7 +34,13 @@ _BOOTSTRAP = os.environ.get("STOKER_KAFKA_BOOTSTRAP") or f"127.0.0.1:{TEST_KAFKA
 
 from stoker_local.airflow_env import airflow_env  # noqa: E402
 
-os.environ.update(airflow_env(_BOOTSTRAP))
+# airflow_env keeps what the environment already holds. An xdist worker inherits its controller's
+# environment, which this module set up for the controller's paths: drop those keys, keep the user's own.
+for _key in filter(None, os.environ.pop("STOKER_TEST_ENV_KEYS", "").split(",")):
+    os.environ.pop(_key, None)
+_ENV = airflow_env(_BOOTSTRAP)
+os.environ["STOKER_TEST_ENV_KEYS"] = ",".join(k for k in _ENV if k not in os.environ)
+os.environ.update(_ENV)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,6 +50,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if any(item.get_closest_marker("unit") is None for item in items):
         for left_over in ("runs", "lines"):
             shutil.rmtree(TEST_STATE / left_over, ignore_errors=True)
+    # The longest files first, so that `make test`'s two workers (xdist, one file at a time each, in this
+    # order: --dist loadfile --no-loadscope-reorder) end together instead of one waiting out the stack's tests.
+    items.sort(key=lambda item: _rank(item.nodeid.partition("::")[0]))
+
+
+SLOWEST_FILES = (
+    "tests/stack/test_operations.py", "tests/e2e/test_dags.py", "tests/faults/test_cluster_kills.py",
+    "tests/e2e/test_sabotage.py", "tests/distributed/test_celery_hosts.py", "tests/faults/test_spark_kills.py",
+)
+"""Files measured at 4-20 minutes each (BENCHMARKS.md, the suite's time), the longest first."""
+
+
+def _rank(path: str) -> int:
+    return SLOWEST_FILES.index(path) if path in SLOWEST_FILES else len(SLOWEST_FILES)
 
 
 @pytest.fixture(scope="session")
