@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: versions help setup check-tools stack-deps hosts-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench bench-gate bench-schedule bench-replay soak up down clean
+.PHONY: versions help setup check-tools stack-deps hosts-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench bench-gate bench-schedule bench-replay bench-quality soak up down clean
 
 help:
 	@echo "make run    set up, start Kafka and PostgreSQL (Airflow's database, shared with make up), run refresh_sample end to end, print the run summary"
@@ -42,6 +42,7 @@ help:
 	@echo "make bench-gate      ten trials of sabotaged nights against the promotion gate"
 	@echo "make bench-schedule  three nights of a line per LR schedule (rewarm, constant, wsd)"
 	@echo "make bench-replay    forgetting with train.replay 0, 0.05, 0.25 (docstrings, then CJK)"
+	@echo "make bench-quality   the quality filters against datatrove's on 10,000 mixed documents: agreement, docs/s"
 	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
 	@echo "            and duplicated sequences with Kafka's own reader (TRIALS=12, ~15 min)"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
@@ -148,6 +149,7 @@ lint: venv
 bench: setup test-servers
 	$(BIN)/python bench/model_step_bench.py
 	$(BIN)/python bench/tokenize_bench.py
+	$(BIN)/python bench/quality_bench.py
 	$(BIN)/python bench/source_bench.py
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/publish_bench.py
@@ -163,6 +165,9 @@ bench-schedule: setup
 # forgetting with train.replay 0, 0.05 and 0.25: two nights each, docstrings then CJK (about 10 min)
 bench-replay: setup
 	$(BIN)/python bench/replay_bench.py
+
+bench-quality: setup
+	$(BIN)/python bench/quality_bench.py
 
 # the promotion gate against sabotaged nights alone, through the DAG: 10 trials (about 5 min each)
 bench-gate: setup

@@ -17,9 +17,8 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
                          dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
                          task_partitions: int = 1, holdout_dir: str | None = None):
     """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary.
-    ``kafka_config`` travels pickled into every task: a ``sasl.password.file`` in it stays a path, read by the
-    task where it runs (stoker.client_config). Held-out documents (``eval.holdout_per_mille``) are packed apart
-    and written to ``holdout_dir`` (stoker.holdout) before the task's last transaction commits."""
+    ``kafka_config`` travels pickled into every task (a ``sasl.password.file`` stays a path, read where the task
+    runs). Held-out documents are packed apart into ``holdout_dir`` before the task's last transaction commits."""
     seq_len, tx_ms, per_mille = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms, cfg.eval.holdout_per_mille
     nparts, compression, per_mille = cfg.topic.partitions, cfg.topic.compression, per_mille if holdout_dir else 0
     eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
@@ -31,6 +30,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         from pyspark import TaskContext
 
         from spark_jobs.publish import TaskSummary, publish_partition
+        from spark_jobs.quality import filters_for
         from spark_jobs.steps import Packer, kept_texts
         from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
         from stoker.holdout import HoldoutPart
@@ -38,7 +38,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         ctx = TaskContext.get()
         assert ctx is not None, "runs inside a Spark task"
         sp, attempt = ctx.partitionId(), ctx.attemptNumber()
-        tok, skip = tokenizer_from_json(*tokenizer.value), skips.value
+        tok, skip, quality = tokenizer_from_json(*tokenizer.value), skips.value, filters_for(cfg.quality)
         marks = token_id(tok, eos, "eos_token"), token_id(tok, pad, "pad_token")
         packer, hold = Packer(seq_len, *marks), HoldoutPart(packer=Packer(seq_len, *marks))  # held out: packed alike
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
@@ -56,7 +56,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
 
         def sequences():
             for texts, sources, held in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
-                                                   c.max_chars, skip, ENCODE_BATCH, per_mille):
+                                                   c.max_chars, skip, ENCODE_BATCH, per_mille, quality):
                 yield from pack(texts, sources, held)
             yield from packer.flush()
             summary.tokens, summary.padding = packer.tokens, packer.padding

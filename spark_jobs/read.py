@@ -221,14 +221,16 @@ def index_batches(records: Callable[..., Iterator[Any]], cfg: CorpusConfig, prog
     def run(batches):
         import pyarrow as pa
 
+        from spark_jobs.quality import filters_for
         from spark_jobs.steps import clean
 
         schema = pa.schema([("source", pa.string()), ("pos", pa.int64()), ("reason", pa.string()),
                             ("detail", pa.string()), ("raw", pa.binary()), ("digest", pa.binary())])
         rows: dict[str, list] = {k: [] for k in INDEX_COLUMNS}
         size = 0
+        quality = filters_for(cfg.quality)
         for p in records(batches, read_acc):
-            p = clean(p, c.normalization, c.min_chars, c.max_chars)
+            p = clean(p, c.normalization, c.min_chars, c.max_chars, quality=quality)
             p.raw = p.raw if p.reason is not None else None  # only the quarantine needs the raw bytes
             for k in INDEX_COLUMNS:
                 rows[k].append(getattr(p, k))

@@ -86,8 +86,10 @@ def parse_line(source: str, pos: int, raw: bytes, fmt: str, text_field: str) -> 
     return Parsed(source=source, pos=pos, text=text, raw=raw)
 
 
-def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest: bool = True) -> Parsed:
-    """Normalise, strip, length-check; sets ``digest`` (sha256 of the clean text) for dedup, unless
+def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest: bool = True,
+          quality: Any = None) -> Parsed:
+    """Normalise, strip, length-check, then the ``quality:`` filters and scrubbing when ``quality`` (a
+    :class:`spark_jobs.quality.Filters`) is given; sets ``digest`` (sha256 of the clean text) for dedup, unless
     ``digest`` is False (the pack pass, which skips duplicates by place)."""
     if p.reason is not None or p.text is None:
         return p
@@ -101,12 +103,21 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest:
     if len(text) > max_chars:
         return Parsed(source=p.source, pos=p.pos, reason=TOO_LONG,
                       detail=f"{len(text)} chars > clean.max_chars {max_chars}", raw=_raw(p))
+    if quality is not None:
+        verdict = quality.apply(text)
+        if verdict.text is None:
+            return Parsed(source=p.source, pos=p.pos, reason=verdict.reason, detail=verdict.detail, raw=_raw(p))
+        text = verdict.text
+        if not text.strip():  # C4 removed every line (its sentence minimum off)
+            return Parsed(source=p.source, pos=p.pos, reason=EMPTY_TEXT, detail="blank after the quality filters",
+                          raw=_raw(p))
     return Parsed(source=p.source, pos=p.pos, text=text, raw=p.raw,
                   digest=hashlib.sha256(text.encode()).digest() if digest else None)
 
 
 def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, max_chars: int, skip: Any,
-               batch: int, holdout_per_mille: int = 0) -> Iterator[tuple[list[str], list[str], list[bool]]]:
+               batch: int, holdout_per_mille: int = 0, quality: Any = None
+               ) -> Iterator[tuple[list[str], list[str], list[bool]]]:
     """What a pack task tokenises, in batches of (texts, their source files, whether each is held out): the
     records cleaned again and kept, less those in ``skip`` (the duplicates, by place). A text is held out
     by its digest (:func:`stoker.holdout.held_out`), computed only when something is held out."""
@@ -116,8 +127,10 @@ def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, ma
     sources: list[str] = []
     held: list[bool] = []
     for p in records:
-        p = clean(p, normalization, min_chars, max_chars, digest=holdout_per_mille > 0)
-        if p.reason is not None or (p.source, p.pos) in skip:
+        if (p.source, p.pos) in skip:  # before cleaning: a duplicate is not filtered twice
+            continue
+        p = clean(p, normalization, min_chars, max_chars, digest=holdout_per_mille > 0, quality=quality)
+        if p.reason is not None:
             continue
         texts.append(p.text or "")
         sources.append(p.source)

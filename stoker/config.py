@@ -18,6 +18,7 @@ import yaml
 
 from stoker.exceptions import ConfigError
 from stoker.holdout import EvalConfig
+from stoker.quality import QualityConfig
 from stoker.schema import build, jsonable
 from stoker.schema import fail as _fail
 
@@ -40,10 +41,9 @@ class SourceConfig:
     """Where the raw text is: a local path (relative to the project root) or file://, s3://, hdfs://.
     ``{ds}`` and ``{ds_nodash}`` are replaced by the run's logical date, selecting the night's drop."""
     format: str = "jsonl"
-    """``jsonl`` (one JSON object per line), ``text`` (one document per line) or ``parquet`` (one
-    document per row, in column ``text_field``); jsonl/text files ending in
-    ``.gz`` or ``.zst``/``.zstd`` are decompressed (a file that does not decompress is one record
-    dropped as ``corrupt_file``, its first 4 KiB quarantined)."""
+    """``jsonl`` (one JSON object per line), ``text`` (one document per line) or ``parquet`` (one document per
+    row, in column ``text_field``); jsonl/text files ending in ``.gz`` or ``.zst``/``.zstd`` are decompressed (a
+    file that does not decompress is one record dropped as ``corrupt_file``, its first 4 KiB quarantined)."""
     text_field: str = "text"
     """The JSON field (jsonl) or column (parquet) that holds the document's text."""
     success_marker: str | None = "_SUCCESS"
@@ -336,6 +336,7 @@ class CorpusConfig:
     description: str = ""
     """Shown as the DAG's documentation."""
     clean: CleanConfig = field(default_factory=CleanConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
     pack: PackConfig = field(default_factory=PackConfig)
     topic: TopicConfig = field(default_factory=TopicConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)

@@ -13,6 +13,7 @@ from stoker.gate import lm_eval_rows
 from stoker.layout import LineLayout, RunLayout
 from stoker.layout import all_runs as _all_run_layouts
 from stoker.manifest import atomic_write_json, read_manifest
+from stoker.quality import by_step
 
 
 def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None, run: str = "") -> None:
@@ -93,6 +94,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return {
         "run_id": m.run_id, "run_dir": str(run_dir), "topic": m.topic,
         "docs_in": m.docs_in, "docs_kept": m.docs_kept, "docs_dropped": m.docs_dropped,
+        "dropped_by_step": by_step(m.docs_dropped),
         "tokens": m.tokens, "padding_tokens": m.padding_tokens, "sequences": m.sequences,
         "seq_len": m.seq_len, "dtype": m.dtype,
         "partitions": [{"partition": p.partition, "sequences": p.sequences,
@@ -147,7 +149,8 @@ def render(s: dict[str, Any]) -> str:
         f"  docs in          {s['docs_in']}",
         f"  docs kept        {s['docs_kept']}",
         f"  docs dropped     {sum(dropped.values())}"
-        + "".join(f"\n    {k:<15}{v}" for k, v in dropped.items()),
+        + "".join(f"\n    {step:<18}{k:<29}{v}" for step, reasons in by_step(dropped).items()
+                  for k, v in reasons.items()),
         f"  tokens           {s['tokens']}  (+{s['padding_tokens']} padding)",
         f"  sequences        {s['sequences']}  (seq_len {s['seq_len']} + 1, {s['dtype']})",
         "  partitions       " + "  ".join(

@@ -1,0 +1,78 @@
+"""The quality filters inside the Spark job, against a real broker: a mixed night's documents are kept,
+dropped and scrubbed as datatrove decides (its filters run here as the oracle on the same texts), every drop
+is counted under datatrove's reason and quarantined with its exact bytes, and the topic holds exactly the
+tokens of the kept, scrubbed texts."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import unicodedata
+from collections import Counter
+
+import pytest
+from quality_oracle import ALL_ON, oracle_chain, quality  # tests/quality_oracle.py
+from test_tokenize_publish import _documents_from_topic  # tests/integration
+
+from spark_jobs import steps
+from spark_jobs.tokenization import load_tokenizer
+from spark_jobs.tokenize_publish import run_job
+from stoker import kafka as skafka
+
+pytestmark = pytest.mark.integration
+
+
+def _expected(docs: list[str], min_chars: int) -> tuple[list[str], Counter]:
+    """What the stage should keep (in order, after exact dedup of the final texts) and drop, by reason."""
+    theirs, dropped, kept, seen = oracle_chain(ALL_ON), Counter(), [], set()
+    for i, raw in enumerate(docs):
+        text = unicodedata.normalize("NFC", raw).strip()
+        if not text:
+            dropped[steps.EMPTY_TEXT] += 1
+            continue
+        if len(text) < min_chars:
+            dropped[steps.TOO_SHORT] += 1
+            continue
+        out, reason = theirs(i, text)
+        if reason is not None:
+            dropped[reason] += 1
+        elif hashlib.sha256(out.encode()).digest() in seen:
+            dropped[steps.DUPLICATE] += 1
+        else:
+            seen.add(hashlib.sha256(out.encode()).digest())
+            kept.append(out)
+    return kept, dropped
+
+
+def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is_counted_and_quarantined(
+        spark, kafka_config, small_cfg, tmp_path):
+    from stoker_local.mixed_sample import documents
+
+    docs = [text for _, text in documents(400, seed=3)] + ["   ", "the " * 60]
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    (folder / "_SUCCESS").write_text("")
+    cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, uri=str(folder)),
+                              quality=quality(ALL_ON))
+    topic = "stoker.quality.20261201.a1"
+    m = run_job(spark, cfg, ds="2026-12-01", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
+
+    kept, dropped = _expected(docs, cfg.clean.min_chars)
+    assert (m.docs_in, m.docs_kept) == (len(docs), len(kept))
+    assert m.docs_dropped == dict(sorted(dropped.items()))
+    assert {"gopher_short_doc", "line_punct_ratio", "curly_bracket"} <= set(m.docs_dropped), m.docs_dropped
+
+    rows = [json.loads(line) for f in (tmp_path / "run" / "quarantine").glob("part-*.json") for line in f.open()]
+    assert Counter(r["reason"] for r in rows) == Counter(m.docs_dropped)
+    originals = {json.dumps({"text": t}).encode() for t in docs}
+    assert all(base64.b64decode(r["raw_base64"]) in originals for r in rows)
+    assert all(r["detail"] for r in rows if r["reason"] not in (steps.EMPTY_TEXT, steps.DUPLICATE))
+
+    tok = load_tokenizer(m.tokenizer_path)
+    published, _ = _documents_from_topic(skafka.read_all(kafka_config, topic), tok.token_to_id("<|endoftext|>"))
+    expected = [tuple(e.ids) for e in tok.encode_batch(kept, add_special_tokens=False)]
+    assert Counter(published) == Counter(expected)
+    assert any("email@example.com" in t for t in kept) and not any("@uni-x.edu" in t for t in kept)
