@@ -234,6 +234,15 @@ def filters_for(config: QualityConfig) -> Filters | None:
     return Filters(config) if config.active else None
 
 
+def minhasher_for(config: QualityConfig) -> Any:
+    """Near-dedup's signer (:class:`spark_jobs.near_dedup.MinHasher`), or None when near-dedup is off."""
+    if not config.near_dedup.enabled:
+        return None
+    from spark_jobs.near_dedup import MinHasher
+
+    return MinHasher(config.near_dedup, Filters(config).words)
+
+
 def _is_global(ip: str) -> bool:
     try:
         return ipaddress.ip_address(ip).is_global

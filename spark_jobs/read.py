@@ -19,8 +19,10 @@ from stoker.exceptions import ConfigError, SourceError
 
 log = logging.getLogger("stoker.tokenize_publish")
 
-INDEX_SCHEMA = "source string, pos long, reason string, detail string, raw binary, digest binary"
+INDEX_SCHEMA = ("source string, pos long, reason string, detail string, raw binary, digest binary, "
+                "bands array<long>")
 INDEX_COLUMNS = ["source", "pos", "reason", "detail", "raw", "digest"]
+"""The index's columns from a record; ``bands`` (near-dedup's band keys of a kept text, else null) follows."""
 """The index of a run: every record, where it is, kept or why not, and the digest of its clean text.
 No text: the pack pass reads the records again from the files (or Spark's Parquet reader)."""
 BATCH_ROWS = 8192
@@ -221,25 +223,27 @@ def index_batches(records: Callable[..., Iterator[Any]], cfg: CorpusConfig, prog
     def run(batches):
         import pyarrow as pa
 
-        from spark_jobs.quality import filters_for
+        from spark_jobs.quality import filters_for, minhasher_for
         from spark_jobs.steps import clean
 
         schema = pa.schema([("source", pa.string()), ("pos", pa.int64()), ("reason", pa.string()),
-                            ("detail", pa.string()), ("raw", pa.binary()), ("digest", pa.binary())])
-        rows: dict[str, list] = {k: [] for k in INDEX_COLUMNS}
+                            ("detail", pa.string()), ("raw", pa.binary()), ("digest", pa.binary()),
+                            ("bands", pa.list_(pa.int64()))])
+        rows: dict[str, list] = {k: [] for k in schema.names}
         size = 0
-        quality = filters_for(cfg.quality)
+        quality, hasher = filters_for(cfg.quality), minhasher_for(cfg.quality)
         for p in records(batches, read_acc):
             p = clean(p, c.normalization, c.min_chars, c.max_chars, quality=quality)
             p.raw = p.raw if p.reason is not None else None  # only the quarantine needs the raw bytes
             for k in INDEX_COLUMNS:
                 rows[k].append(getattr(p, k))
+            rows["bands"].append(hasher.bands(p.text) if hasher is not None and p.reason is None else None)
             size += len(p.raw or b"") + len(p.source)
             if len(rows["pos"]) >= BATCH_ROWS or size >= BATCH_BYTES:
                 if docs_acc is not None:
                     docs_acc.add(len(rows["pos"]))
                 yield pa.RecordBatch.from_pydict(rows, schema=schema)
-                rows, size = {k: [] for k in INDEX_COLUMNS}, 0
+                rows, size = {k: [] for k in schema.names}, 0
         if docs_acc is not None:
             docs_acc.add(len(rows["pos"]))
         yield pa.RecordBatch.from_pydict(rows, schema=schema)

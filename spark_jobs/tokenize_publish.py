@@ -55,6 +55,8 @@ class RunInputs:
     """Lineage: every data file with its size, mtime, sha256 and (S3) ETag."""
     eos_id: int = -1
     pad_id: int = -1
+    ds: str = ""
+    """The night (YYYY-MM-DD)."""
 
 
 @dataclass(slots=True)
@@ -122,7 +124,7 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
     files = scan(spark, listed, opener_for(cfg, listed), cfg.source.format)
     log.info("lineage scan: %d files, %.1f MB in %.1f s", len(files), sum(f["bytes"] for f in files) / 1e6,
              time.monotonic() - t0)
-    return RunInputs(run_id=f"{cfg.name}/{ds}", uri=uri, tokenizer_path=tok_path,
+    return RunInputs(run_id=f"{cfg.name}/{ds}", ds=ds, uri=uri, tokenizer_path=tok_path,
                      tokenizer_sha256=sha256_file(tok_path), vocab_size=vocab,
                      dtype=records.dtype_for_vocab(vocab), files=files, eos_id=eos, pad_id=pad)
 
@@ -133,7 +135,6 @@ def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> 
     from pyspark import StorageLevel
 
     from spark_jobs.read import find_duplicates, read_index
-    from spark_jobs.steps import DUPLICATE
 
     index = read_index(spark, cfg, inputs.files, progress).persist(StorageLevel.DISK_ONLY)
     index.count()  # read once, now: the counts, the dedup and the quarantine all read it from disk
@@ -142,12 +143,16 @@ def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> 
     if cfg.clean.dedup:
         dups = find_duplicates(index, persisted).persist(StorageLevel.MEMORY_AND_DISK)
         persisted.append(dups)
+    if cfg.quality.near_dedup.enabled:  # after the exact dedup: a near-duplicate is never also a duplicate
+        from spark_jobs.near_dedup import near_duplicates
+
+        dups = near_duplicates(spark, cfg, index, dups, inputs.ds, persisted)
     by_source: dict[str, dict[str | None, int]] = {}
     for r in index.groupBy("source", "reason").count().collect():
         by_source.setdefault(r["source"], {})[r["reason"]] = r["count"]
-    for r in (dups.groupBy("source").count().collect() if dups is not None else []):
-        by_source[r["source"]][None] -= r["count"]  # a duplicate was counted as kept by the index pass
-        by_source[r["source"]][DUPLICATE] = r["count"]
+    for r in (dups.groupBy("source", "reason").count().collect() if dups is not None else []):
+        by_source[r["source"]][None] -= r["count"]  # counted as kept by the index pass
+        by_source[r["source"]][r["reason"]] = r["count"]
     return Staged(index=index, duplicates=dups, by_source=by_source, persisted=persisted)
 
 
@@ -272,6 +277,10 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         progress.set_phase("tokenise, pack, publish")
         summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress, task_config=for_tasks,
                                  holdout_dir=run.holdout if cfg.eval.holdout_per_mille else None)
+        if cfg.quality.near_dedup.enabled:  # a re-run of this night replaces its folder and never reads it
+            from spark_jobs.near_dedup import index_folder, write_index
+
+            write_index(staged.index, staged.duplicates, index_folder(cfg), ds)
         staged.unpersist()
     from spark_jobs.publish import verify_published
 

@@ -13,7 +13,7 @@ from stoker.schema import fail as _fail
 STEPS = {
     "read": ("invalid_utf8", "invalid_json", "missing_text", "invalid_unicode", "corrupt_file"),
     "clean": ("empty_text", "too_short", "too_long"),
-    "dedup": ("duplicate",),
+    "dedup": ("duplicate", "near_duplicate"),
     "c4": ("lorem_ipsum", "curly_bracket", "too_few_sentences"),
     "fineweb": ("empty", "line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio"),
 }
@@ -175,6 +175,37 @@ class PIIConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class NearDedupConfig:
+    enabled: bool = False
+    """MinHash-LSH near-dedup of the night's kept documents against each other and against every earlier night
+    of the corpus (its index). A document whose signature shares a whole band with an earlier one (an earlier
+    night's first, else this night's first by file and position) is dropped as ``near_duplicate``, its detail
+    naming that document's night, file and position. The defaults are datatrove's (FineWeb's): word 5-grams,
+    14 bands of 8 hashes, a similarity of about 0.72 caught with high probability."""
+    shingle: str = "words"
+    """``words``: n-grams of datatrove's simplified text's words (lower case, no punctuation, digits as 0, no
+    accents); ``chars``: n-grams of its characters (NeMo Curator's shape: ``n_grams: 24``, 20 x 13)."""
+    n_grams: int = 5
+    """Words (or characters) per shingle. A text with fewer has no signature and is never a near-duplicate."""
+    bands: int = 14
+    """LSH bands (datatrove's ``num_buckets``)."""
+    hashes_per_band: int = 8
+    """MinHash values per band; with ``bands`` they set the similarity caught, about (1/bands)^(1/hashes)."""
+    seed: int = 1
+    """Seeds the hash permutations; a corpus's index holds signatures of one seed and shape only."""
+    index: str = "{state}/dedup/{corpus}"
+    """Where the corpus's signatures are kept, one folder per night (``{state}``, ``{project}`` and ``{corpus}``
+    expanded). Corpora that name the same folder are deduplicated against each other's earlier nights."""
+
+    def __post_init__(self) -> None:
+        if self.shingle not in ("words", "chars"):
+            raise _fail("quality.near_dedup.shingle", self.shingle, "must be words or chars")
+        for name, low, high in (("n_grams", 1, 256), ("bands", 1, 256), ("hashes_per_band", 1, 64)):
+            if not low <= getattr(self, name) <= high:
+                raise _fail(f"quality.near_dedup.{name}", getattr(self, name), f"must be in [{low}, {high}]")
+
+
+@dataclass(kw_only=True, slots=True)
 class QualityConfig:
     language: str = "en"
     """The language whose word tokenizer the filters use (spaCy's rule-based one, as datatrove's)."""
@@ -183,6 +214,7 @@ class QualityConfig:
     c4: C4Config = field(default_factory=C4Config)
     fineweb: FineWebConfig = field(default_factory=FineWebConfig)
     pii: PIIConfig = field(default_factory=PIIConfig)
+    near_dedup: NearDedupConfig = field(default_factory=NearDedupConfig)
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:

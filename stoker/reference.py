@@ -28,6 +28,7 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("C4", "quality.c4", "stoker.quality:C4Config"),
     ("FineWeb", "quality.fineweb", "stoker.quality:FineWebConfig"),
     ("PII scrubbing", "quality.pii", "stoker.quality:PIIConfig"),
+    ("Near-dedup", "quality.near_dedup", "stoker.quality:NearDedupConfig"),
     ("Tokenizer", "tokenizer", "stoker.config:TokenizerConfig"),
     ("Packing", "pack", "stoker.config:PackConfig"),
     ("Topic", "topic", "stoker.config:TopicConfig"),

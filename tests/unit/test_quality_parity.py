@@ -51,7 +51,7 @@ def test_each_filter_keeps_and_drops_what_datatroves_does_for_the_same_reason(do
 def test_fineweb_chain_with_scrubbing_matches_datatrove_document_for_document(docs):
     reasons, differ = compare(ALL_ON, docs)
     assert not differ, f"{len(differ)} of {len(docs)} differ from datatrove, e.g. {differ[:3]}"
-    assert reasons["kept"] > 50 and sum(reasons.values()) - reasons["kept"] > len(docs) // 2, reasons
+    assert reasons["kept"] >= 20 and sum(reasons.values()) - reasons["kept"] > len(docs) // 2, reasons
 
 
 def test_scrubbing_replaces_public_addresses_and_keeps_private_ones():
