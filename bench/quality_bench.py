@@ -144,6 +144,33 @@ def near_dup_recall(docs: list[str], out: Path, copies: int = 200) -> None:
         with out.open("a") as f:
             f.write(json.dumps({**row, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
         print(f"| {name} | {caught} of {len(pairs)} ({100 * caught / len(pairs):.1f}%) | {false} of {len(control)} |")
+    index_size(docs, out)
+
+
+def index_size(docs: list[str], out: Path) -> None:
+    """Bytes a document of the near-dedup index takes: the night's folder as the job writes it (Parquet,
+    source file, position, 14 band keys), for the documents with a signature."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from quality_oracle import quality
+
+    from spark_jobs.quality import minhasher_for
+
+    h = minhasher_for(quality({"near_dedup": {"enabled": True}}))
+    bands = [b for b in (h.bands(t) for t in docs) if b is not None]
+    sources = [f"s3://bucket/crawl/2026-12-01/part-{i // 5000:05d}.jsonl.zst" for i in range(len(bands))]
+    table = pa.table({"source": sources, "pos": [i * 2900 for i in range(len(bands))], "bands": bands},
+                     schema=pa.schema([("source", pa.string()), ("pos", pa.int64()), ("bands", pa.list_(pa.int64()))]))
+    with tempfile.TemporaryDirectory() as tmp:
+        pq.write_table(table, f"{tmp}/part.parquet")  # Spark's writer: snappy, dictionary-encoded strings
+        size = Path(f"{tmp}/part.parquet").stat().st_size
+    row = {"case": "near-dup index", "docs": len(bands), "bytes": size, "bytes_per_doc": size / len(bands)}
+    with out.open("a") as f:
+        f.write(json.dumps({**row, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+    print(f"\nnear-dup index: {len(bands):,} documents, {size:,} bytes, {size / len(bands):.0f} bytes a document; "
+          f"100 M documents: {size / len(bands) * 1e8 / 1e9:.1f} GB")
 
 
 if __name__ == "__main__":

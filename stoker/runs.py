@@ -13,7 +13,7 @@ from stoker.gate import lm_eval_rows
 from stoker.layout import LineLayout, RunLayout
 from stoker.layout import all_runs as _all_run_layouts
 from stoker.manifest import atomic_write_json, read_manifest
-from stoker.quality import by_step
+from stoker.quality import by_step, drop_rate_alarm
 
 
 def record_stage(run_dir: Path, stage: str, event: str, now: float | None = None, run: str = "") -> None:
@@ -95,6 +95,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "run_id": m.run_id, "run_dir": str(run_dir), "topic": m.topic,
         "docs_in": m.docs_in, "docs_kept": m.docs_kept, "docs_dropped": m.docs_dropped,
         "dropped_by_step": by_step(m.docs_dropped),
+        "drop_rate": drop_rate_alarm(m.docs_dropped, m.docs_in, _earlier_nights(Path(run_dir), m.ds)),
         "tokens": m.tokens, "padding_tokens": m.padding_tokens, "sequences": m.sequences,
         "seq_len": m.seq_len, "dtype": m.dtype,
         "partitions": [{"partition": p.partition, "sequences": p.sequences,
@@ -112,6 +113,22 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "holdout": m.holdout or None,
         "eval": _read_json(RunLayout(Path(run_dir)).evaluation),
     }
+
+
+def _alarm(rate: dict[str, Any]) -> str:
+    return f"  ** drop rate jumped: {rate['why']} **" if rate.get("flagged") else ""
+
+
+def _earlier_nights(run_dir: Path, ds: str) -> list[tuple[dict[str, int], int]]:
+    """The drops by reason and records read of the corpus's nights before ``ds`` (sibling run folders), oldest first."""
+    out = []
+    for folder in sorted(p for p in run_dir.parent.iterdir() if p.name < ds and RunLayout(p).manifest.is_file()):
+        try:
+            earlier = read_manifest(folder)
+        except ManifestError:
+            continue
+        out.append((earlier.docs_dropped, earlier.docs_in))
+    return out
 
 
 def _training(run_dir: Path, m: Any) -> dict[str, Any] | None:
@@ -148,7 +165,7 @@ def render(s: dict[str, Any]) -> str:
         f"  source           {s['source_uri']}  ({s['source_files']} files, {s['source_bytes']} bytes)",
         f"  docs in          {s['docs_in']}",
         f"  docs kept        {s['docs_kept']}",
-        f"  docs dropped     {sum(dropped.values())}"
+        f"  docs dropped     {sum(dropped.values())}" + _alarm(s.get("drop_rate") or {})
         + "".join(f"\n    {step:<18}{k:<29}{v}" for step, reasons in by_step(dropped).items()
                   for k, v in reasons.items()),
         f"  tokens           {s['tokens']}  (+{s['padding_tokens']} padding)",

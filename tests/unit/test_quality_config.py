@@ -51,3 +51,16 @@ def test_the_web_example_runs_finewebs_chain_with_scrubbing():
     assert example.filters_on and example.pii.emails and example.pii.ips
     assert all(f.enabled for f in (example.gopher_repetition, example.gopher_quality, example.c4, example.fineweb))
     assert not example.c4.filter_no_terminal_punct  # FineWeb's setting
+
+
+def test_a_night_whose_drop_rate_jumps_above_its_recent_nights_is_flagged_and_the_step_named():
+    from stoker.quality import drop_rate_alarm
+
+    usual = [({"invalid_json": 2, "gopher_short_doc": 100 + i, "duplicate": 5}, 1000) for i in range(10)]
+    calm = drop_rate_alarm({"invalid_json": 3, "gopher_short_doc": 110, "duplicate": 4}, 1000, usual)
+    assert calm["flagged"] is False and calm["recent_nights"] == 7 and 0.1 < calm["recent_median"] < 0.12
+    jump = drop_rate_alarm({"invalid_json": 2, "gopher_short_doc": 104, "near_duplicate": 400}, 1000, usual)
+    assert jump["flagged"] and "dedup rose most (+39.5 points)" in jump["why"] and "50.6% of records" in jump["why"]
+    young = drop_rate_alarm({"invalid_json": 900}, 1000, usual[:2])  # too few nights to compare with
+    assert young["flagged"] is False and young["recent_nights"] == 2
+    assert drop_rate_alarm({}, 0, usual)["flagged"] is False  # an empty night is no jump
