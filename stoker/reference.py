@@ -23,6 +23,7 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("Source", "source", "stoker.config:SourceConfig"),
     ("Cleaning", "clean", "stoker.config:CleanConfig"),
     ("Quality filters", "quality", "stoker.quality:QualityConfig"),
+    ("Language ID", "quality.language_id", "stoker.quality:LanguageIdConfig"),
     ("Gopher repetition", "quality.gopher_repetition", "stoker.quality:GopherRepetitionConfig"),
     ("Gopher quality", "quality.gopher_quality", "stoker.quality:GopherQualityConfig"),
     ("C4", "quality.c4", "stoker.quality:C4Config"),

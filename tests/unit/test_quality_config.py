@@ -26,6 +26,8 @@ def test_nothing_is_filtered_or_scrubbed_unless_a_corpus_turns_it_on():
     ({"fineweb": {"short_line_thr": -0.1}}, "quality.fineweb.short_line_thr = -0.1"),
     ({"c4": {"min_num_sentences": -3}}, "quality.c4.min_num_sentences = -3"),
     ({"language": "xx"}, "quality.language = 'xx'"),
+    ({"language_id": {"languages": ["EN"]}}, "quality.language_id.languages = ['EN']"),
+    ({"language_id": {"threshold": 2}}, "quality.language_id.threshold = 2"),
     ({"gopher_quality": {"min_doc_words": 10, "max_doc_words": 5}}, "quality.gopher_quality.min_doc_words = 10"),
     ({"c4": {"enabled": "yes"}}, "quality.c4.enabled = 'yes'"),
     ({"fineweb": {"enable": True}}, "quality.fineweb: unknown key(s) ['enable']"),
@@ -49,7 +51,9 @@ def test_drops_are_grouped_by_the_step_that_made_them_in_the_stages_order():
 def test_the_web_example_runs_finewebs_chain_with_scrubbing():
     example = load_corpus(REPO_ROOT / "corpora" / "examples" / "web_quality.yaml").quality
     assert example.filters_on and example.pii.emails and example.pii.ips
-    assert all(f.enabled for f in (example.gopher_repetition, example.gopher_quality, example.c4, example.fineweb))
+    assert all(f.enabled for f in (example.language_id, example.gopher_repetition, example.gopher_quality,
+                                   example.c4, example.fineweb))
+    assert example.language_id.languages == ["en"] and example.language_id.threshold == 0.65
     assert not example.c4.filter_no_terminal_punct  # FineWeb's setting
 
 
