@@ -157,13 +157,11 @@ def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> 
 
 
 def quarantine(staged: Staged, run: RunLayout) -> Path:
-    """Rejected records with their exact raw bytes and where they came from (file, pos)."""
-    from pyspark.sql import functions as F
+    """Rejected records with their exact raw bytes and where they came from (file, pos), and a few of each
+    reason for the run's page (spark_jobs/quarantine.py)."""
+    from spark_jobs.quarantine import write_quarantine
 
-    (staged.rejected()
-     .select("source", "pos", "reason", "detail", F.base64("raw").alias("raw_base64"))
-     .coalesce(1).write.mode("overwrite").json(str(run.quarantine)))
-    return run.quarantine
+    return write_quarantine(staged.rejected(), run)
 
 
 def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, topic: str,

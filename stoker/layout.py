@@ -5,6 +5,7 @@ A run is one refresh of one corpus for one date::
     <runs>/<corpus>/<ds>/                 RunLayout.run_dir
       manifest.json                       .manifest        written last by the Spark job: the commit point
       quarantine/                         .quarantine      rejected records with their raw bytes
+      quarantine_samples.json             .quarantine_samples  the first few of each reason, for people
       timings.json                        .timings         each stage's first start and last end
       summary.json                        .summary         the report task's run summary
       train/<topic>/                      .trainer(topic)  one trainer per published topic (TrainerFiles)
@@ -202,6 +203,11 @@ class RunLayout:
     @property
     def quarantine(self) -> Path:
         return self.run_dir / "quarantine"
+
+    @property
+    def quarantine_samples(self) -> Path:
+        """The first few quarantined records of each reason, by place (spark_jobs/quarantine.py): the run's page."""
+        return self.run_dir / "quarantine_samples.json"
 
     @property
     def holdout(self) -> Path:

@@ -1,7 +1,8 @@
 """Run summaries and loss curves in the Airflow UI: a FastAPI app the API server mounts at ``/stoker``.
 
 * ``/stoker/``                               every run of every corpus, newest first
-* ``/stoker/runs/<corpus>/<ds>``             one run's summary (HTML) with its loss curve and its line's nights
+* ``/stoker/runs/<corpus>/<ds>``             one run's summary (HTML): its drop reasons (a chart) and a few
+                                             quarantined records of each, its loss curve, its line's nights
 * ``/stoker/runs/<corpus>/<ds>/summary.json`` the same as JSON (``stoker runs show --json``)
 * ``/stoker/runs/<corpus>/<ds>/loss.png``    the trainer's loss curve
 * ``/stoker/dag-runs/<dag_id>/<run_id>``     the run of an Airflow DAG run (the "Run summary" tab)
@@ -65,7 +66,8 @@ def _page(title: str, body: str) -> HTMLResponse:
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}pre{background:#f6f8fa;"
         "padding:1rem;overflow:auto}table{border-collapse:collapse}td,th{padding:.3rem .8rem;"
-        "border-bottom:1px solid #ddd;text-align:left}img{max-width:100%}</style></head>"
+        "border-bottom:1px solid #ddd;text-align:left}img{max-width:100%}pre.sample{max-height:12rem;"
+        "white-space:pre-wrap;margin:.3rem 0}</style></head>"
         f"<body><h2>{html.escape(title)}</h2>{body}</body></html>")
 
 
@@ -79,6 +81,7 @@ def _summary_html(run_dir: Path) -> HTMLResponse:
         body += f"<h3>Loss</h3><img alt='loss curve' src='/stoker/runs/{corpus}/{ds}/loss.png'>"
     else:
         body += "<p>Training has not finished yet: the loss curve appears when it has.</p>"
+    body += _drops_html(run_dir, s)
     line = ((s.get("training") or {}).get("line") or {}).get("line")
     if line:
         from stoker.catalog import line_nights
@@ -89,6 +92,22 @@ def _summary_html(run_dir: Path) -> HTMLResponse:
     body += (f"<p><a href='/stoker/runs/{corpus}/{ds}/summary.json'>summary.json</a> · "
              "<a href='/stoker/'>all runs</a></p>")
     return _page(f"Run {corpus}/{ds}", body)
+
+
+def _drops_html(run_dir: Path, s: dict) -> str:
+    """The night's drop reasons as a chart, then a few quarantined records of each."""
+    import json
+
+    from stoker.dropplot import drops_svg, samples_html
+
+    try:
+        samples = json.loads(RunLayout(run_dir).quarantine_samples.read_text())
+    except (OSError, ValueError):
+        samples = None
+    dropped = s["docs_dropped"]
+    return (f"<h3>Dropped records: {sum(dropped.values()):,} of {s['docs_in']:,}</h3>"
+            + drops_svg(dropped, s["docs_in"])
+            + "<h3>Quarantined samples</h3>" + samples_html(samples, dropped))
 
 
 def create_app() -> FastAPI:

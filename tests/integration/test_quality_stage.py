@@ -51,7 +51,10 @@ def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is
         spark, kafka_config, small_cfg, tmp_path):
     from stoker_local.mixed_sample import documents
 
-    docs = [text for _, text in documents(400, seed=3)] + ["   ", "the " * 60]
+    base = [text for _, text in documents(400, seed=3)]
+    # a kept document again, so the exact dedup has a copy to drop on every machine (the sample itself may hold one)
+    again = next(t for t in base if not _expected([t], small_cfg.clean.min_chars)[1])
+    docs = base + ["   ", "the " * 60, again]
     folder = tmp_path / "mixed"
     folder.mkdir()
     (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
@@ -70,9 +73,27 @@ def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is
 
     rows = [json.loads(line) for f in (tmp_path / "run" / "quarantine").glob("part-*.json") for line in f.open()]
     assert Counter(r["reason"] for r in rows) == Counter(m.docs_dropped)
-    originals = {json.dumps({"text": t}).encode() for t in docs}
-    assert all(base64.b64decode(r["raw_base64"]) in originals for r in rows)
-    assert all(r["detail"] for r in rows if r["reason"] not in (steps.EMPTY_TEXT, steps.DUPLICATE))
+    lines = [json.dumps({"text": t}).encode() for t in docs]
+    copies = [r for r in rows if r["reason"] == steps.DUPLICATE]
+    # a duplicate's row names its place and the kept copy's; its bytes stay at that place in the source
+    assert {(r["pos"], r["detail"].rsplit(" at ", 1)[1]) for r in copies} >= {
+        (sum(len(b) + 1 for b in lines[:-1]), str(sum(len(b) + 1 for b in lines[:docs.index(again)])))}
+    assert all("raw_base64" not in r and r["detail"].startswith("same text as ") for r in copies)
+    assert all(base64.b64decode(r["raw_base64"]) in set(lines) for r in rows if r["reason"] != steps.DUPLICATE)
+    assert all(r["detail"] for r in rows if r["reason"] != steps.EMPTY_TEXT)
+
+    # the run's page shows the first three of each reason by place, its text from the exact bytes
+    shown = json.loads((tmp_path / "run" / "quarantine_samples.json").read_text())["samples"]
+    assert set(shown) == set(m.docs_dropped)
+    for reason, got in shown.items():
+        first = sorted((r for r in rows if r["reason"] == reason), key=lambda r: (r["source"], r["pos"]))[:3]
+        assert [(g["source"], g["pos"], g["detail"]) for g in got] == [
+            (r["source"], r["pos"], r["detail"]) for r in first]
+        for g, r in zip(got, first, strict=True):
+            if "raw_base64" not in r:  # a duplicate: its place only
+                assert g["preview"] is None
+            else:
+                assert base64.b64decode(r["raw_base64"]).decode().startswith(g["preview"])
 
     tok = load_tokenizer(m.tokenizer_path)
     published, _ = _documents_from_topic(skafka.read_all(kafka_config, topic), tok.token_to_id("<|endoftext|>"))

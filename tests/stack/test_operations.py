@@ -380,6 +380,10 @@ def test_trigger_from_the_ui_with_a_changed_param(local_stack: StackEnv):
             expect(page.get_by_text("consumed")).to_be_visible()
             expect(page.get_by_alt_text("loss curve")).to_be_visible()
             expect(page.get_by_role("img", name="held-out bits per byte of line sample's nights")).to_be_visible()
+            # the night's drops as a chart, and its first quarantined records of each reason with their text
+            expect(page.get_by_role("img", name="records dropped by reason")).to_be_visible()
+            expect(page.locator("#samples-invalid_json + ul pre.sample").first).to_be_visible()
+            expect(page.locator("#samples-duplicate + ul li").first).to_contain_text("same text as ")
             page.screenshot(path=str(out / "run-summary.png"), full_page=True)
         finally:
             page.screenshot(path=str(out / "last.png"))
