@@ -31,6 +31,7 @@ from pathlib import Path
 from stoker import kafka as skafka
 from stoker import paths
 from stoker.layout import RunLayout, tasks_topic
+from stoker.plan import plan_run
 from stoker_local import broker, sample
 
 
@@ -176,20 +177,21 @@ class PeakRss(threading.Thread):
         return self.peak
 
 
-def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str) -> tuple[dict, float, int, str]:
+def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str,
+              extra: dict | None = None) -> tuple[dict, float, int, str]:
+    """``spark-submit`` of the stage with the operator's defaults; ``extra``: more of the corpus's config."""
     from stoker_airflow.operators import default_spark_conf
 
     corpus = workdir / "bench.yaml"
     corpus.write_text(json.dumps({
         "name": "bench", "source": {"uri": str(folder), "format": fmt},
         "tokenizer": {"path": tokenizer}, "pack": {"seq_len": 2048}, "topic": {"partitions": 4},
-        "publish": {"spark_partitions": 4}}))
+        "publish": {"spark_partitions": 4}, **(extra or {})}))
     conf = default_spark_conf()
+    plan = plan_run(corpus, "2026-12-01").write(workdir / f"run-{fmt}" / "plan.json")
     cmd = [str(paths.venv_bin("spark-submit")), "--master", "local[*]",
            *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
-           str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"), "--corpus", str(corpus),
-           "--ds", "2026-12-01", "--topic", f"stoker.bench.{time.time_ns()}.a1",
-           "--run-dir", str(workdir / f"run-{fmt}")]
+           str(paths.project_root() / "spark_jobs" / "tokenize_publish.py"), "--plan", str(plan)]
     env = {**os.environ, "STOKER_KAFKA_CONFIG": json.dumps({"bootstrap.servers": bootstrap}),
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     t0 = time.perf_counter()

