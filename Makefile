@@ -42,7 +42,8 @@ help:
 	@echo "make bench-gate      ten trials of sabotaged nights against the promotion gate"
 	@echo "make bench-schedule  three nights of a line per LR schedule (rewarm, constant, wsd)"
 	@echo "make bench-replay    forgetting with train.replay 0, 0.05, 0.25 (docstrings, then CJK)"
-	@echo "make bench-quality   the quality filters against datatrove's on 10,000 mixed documents: agreement, docs/s"
+	@echo "make bench-quality   the quality filters against datatrove's on 10,000 mixed documents: agreement, docs/s;"
+	@echo "                     the whole stage with them and near-dedup against datatrove's executor: docs/s per core, memory"
 	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
 	@echo "            and duplicated sequences with Kafka's own reader (TRIALS=12, ~15 min)"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
@@ -150,6 +151,7 @@ bench: setup test-servers
 	$(BIN)/python bench/model_step_bench.py
 	$(BIN)/python bench/tokenize_bench.py
 	$(BIN)/python bench/quality_bench.py
+	$(BIN)/python bench/quality_stage_bench.py
 	$(BIN)/python bench/source_bench.py
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/publish_bench.py
@@ -168,6 +170,7 @@ bench-replay: setup
 
 bench-quality: setup
 	$(BIN)/python bench/quality_bench.py
+	$(BIN)/python bench/quality_stage_bench.py
 
 # the promotion gate against sabotaged nights alone, through the DAG: 10 trials (about 5 min each)
 bench-gate: setup

@@ -15,15 +15,15 @@ ENCODE_BATCH = 1024
 
 def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, skips: Any, topic: str, run_id: str,
                          dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
-                         task_partitions: int = 1, holdout_dir: str | None = None):
+                         task_partitions: int = 1, holdout_dir: str | None = None, decided: bool = False):
     """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary.
     ``kafka_config`` travels pickled into every task (a ``sasl.password.file`` stays a path, read where the task
-    runs). Held-out documents are packed apart into ``holdout_dir`` before the task's last transaction commits."""
+    runs). Held-out documents are packed apart into ``holdout_dir`` before the task's last transaction commits.
+    ``decided``: ``skips`` holds every record the quality filters dropped too (spark_jobs/read.py)."""
     seq_len, tx_ms, per_mille = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms, cfg.eval.holdout_per_mille
     nparts, compression, per_mille = cfg.topic.partitions, cfg.topic.compression, per_mille if holdout_dir else 0
     eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
-    read_acc, docs_acc, tokens_acc = ((progress.bytes_read, progress.docs, progress.tokens) if progress is not None
-                                      else (None, None, None))
+    read_acc, docs_acc, tokens_acc = (progress.bytes_read, progress.docs, progress.tokens) if progress else [None] * 3
 
     def run(batches):
         import pyarrow as pa
@@ -56,7 +56,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
 
         def sequences():
             for texts, sources, held in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
-                                                   c.max_chars, skip, ENCODE_BATCH, per_mille, quality):
+                                                   c.max_chars, skip, ENCODE_BATCH, per_mille, quality, decided):
                 yield from pack(texts, sources, held)
             yield from packer.flush()
             summary.tokens, summary.padding = packer.tokens, packer.padding

@@ -129,6 +129,16 @@ class Filters:
             return Verdict(None, *why)
         return self.scrub(text)
 
+    def transform(self, text: str) -> Verdict:
+        """A text :meth:`apply` keeps, as it keeps it, without its decisions again: C4's line removal and the
+        scrubbing (the pack pass, for records the index pass kept)."""
+        if self.c.c4.enabled:
+            kept = self.c4(text)
+            if isinstance(kept, tuple):
+                return Verdict(None, *kept)
+            text = kept
+        return self.scrub(text)
+
     def gopher_repetition(self, text: str, words: list[str]) -> tuple[str, str] | None:
         c = self.c.gopher_repetition
         paragraphs = PARAGRAPHS.split(text.strip())

@@ -290,8 +290,37 @@ def find_duplicates(index, persisted: list[Any]):
                     .alias("detail"), F.lit(None).cast("binary").alias("raw")))
 
 
+FILTERED_SKIPS = 2_000_000
+"""Up to this many records dropped by the quality filters, the pack pass skips them by place and runs only the
+filters' text changes on the rest; above it, the pack pass runs the filters' decisions again (the same result,
+slower) rather than ship more places through the driver."""
+
+
+def pack_skips(index, duplicates, by_source: dict[str, dict[str | None, int]], quality: bool) -> tuple[Any, bool]:
+    """What the pack pass leaves out by place, and whether the quality filters' decisions are in it: the
+    duplicates, and with ``quality`` on, the records its filters dropped (up to :data:`FILTERED_SKIPS`)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.steps import Skips
+    from stoker.quality import step_of
+
+    places = duplicates.select("source", "pos") if duplicates is not None else None
+    reasons = sorted({r for counts in by_source.values() for r in counts
+                      if r is not None and step_of(r) not in ("read", "clean", "dedup")})
+    filtered = sum(n for counts in by_source.values() for r, n in counts.items() if r in reasons)
+    decided = quality and filtered <= FILTERED_SKIPS
+    if decided and reasons:
+        dropped = index.filter(F.col("reason").isin(reasons)).select("source", "pos")
+        places = dropped if places is None else places.unionByName(dropped)
+    elif quality:
+        log.info("pack pass: %d records dropped by the quality filters > %d: their decisions run again",
+                 filtered, FILTERED_SKIPS)
+    return (duplicate_skips(places) if places is not None else Skips()), decided
+
+
 def duplicate_skips(duplicates) -> Any:
-    """The duplicates' places, for the pack pass to leave out: 8 bytes each through the driver."""
+    """The places of ``duplicates`` (a frame with source and pos), for the pack pass to leave out: 8 bytes each
+    through the driver."""
     import numpy as np
 
     from spark_jobs.steps import Skips

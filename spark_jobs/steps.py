@@ -87,10 +87,11 @@ def parse_line(source: str, pos: int, raw: bytes, fmt: str, text_field: str) -> 
 
 
 def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest: bool = True,
-          quality: Any = None) -> Parsed:
+          quality: Any = None, decided: bool = False) -> Parsed:
     """Normalise, strip, length-check, then the ``quality:`` filters and scrubbing when ``quality`` (a
     :class:`spark_jobs.quality.Filters`) is given; sets ``digest`` (sha256 of the clean text) for dedup, unless
-    ``digest`` is False (the pack pass, which skips duplicates by place)."""
+    ``digest`` is False (the pack pass, which skips duplicates by place). ``decided``: the filters kept this
+    record before (the pack pass after the index pass), so only what changes its text runs."""
     if p.reason is not None or p.text is None:
         return p
     text = p.text if normalization == "none" else unicodedata.normalize(normalization, p.text)  # type: ignore[arg-type]
@@ -104,7 +105,7 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest:
         return Parsed(source=p.source, pos=p.pos, reason=TOO_LONG,
                       detail=f"{len(text)} chars > clean.max_chars {max_chars}", raw=_raw(p))
     if quality is not None:
-        verdict = quality.apply(text)
+        verdict = quality.transform(text) if decided else quality.apply(text)
         if verdict.text is None:
             return Parsed(source=p.source, pos=p.pos, reason=verdict.reason, detail=verdict.detail, raw=_raw(p))
         text = verdict.text
@@ -116,11 +117,12 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest:
 
 
 def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, max_chars: int, skip: Any,
-               batch: int, holdout_per_mille: int = 0, quality: Any = None
+               batch: int, holdout_per_mille: int = 0, quality: Any = None, decided: bool = False
                ) -> Iterator[tuple[list[str], list[str], list[bool]]]:
     """What a pack task tokenises, in batches of (texts, their source files, whether each is held out): the
-    records cleaned again and kept, less those in ``skip`` (the duplicates, by place). A text is held out
-    by its digest (:func:`stoker.holdout.held_out`), computed only when something is held out."""
+    records cleaned again and kept, less those in ``skip`` (the duplicates, by place, and with ``decided`` every
+    record the quality filters dropped, so the others need only their text changes). A text is held out by its
+    digest (:func:`stoker.holdout.held_out`), computed only when something is held out."""
     from stoker.holdout import held_out
 
     texts: list[str] = []
@@ -129,7 +131,8 @@ def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, ma
     for p in records:
         if (p.source, p.pos) in skip:  # before cleaning: a duplicate is not filtered twice
             continue
-        p = clean(p, normalization, min_chars, max_chars, digest=holdout_per_mille > 0, quality=quality)
+        p = clean(p, normalization, min_chars, max_chars, digest=holdout_per_mille > 0, quality=quality,
+                  decided=decided)
         if p.reason is not None:
             continue
         texts.append(p.text or "")
@@ -147,7 +150,8 @@ def _raw(p: Parsed) -> bytes:
 
 
 class Skips:
-    """Records to leave out of the pack pass, by (source, pos): the duplicates the dedup found.
+    """Records to leave out of the pack pass, by (source, pos): the duplicates the dedup found (and the records the
+    quality filters dropped, see spark_jobs/read.py ``pack_skips``).
     Sorted positions per source file, 8 bytes a record, looked up by bisection."""
 
     def __init__(self, by_source: dict[str, np.ndarray] | None = None) -> None:

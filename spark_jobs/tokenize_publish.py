@@ -174,8 +174,7 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
     ``kafka_config``), a ``sasl.password.file`` still a path."""
     from spark_jobs.pack import pack_publish_batches
     from spark_jobs.publish import TaskSummary, task_partitions
-    from spark_jobs.read import duplicate_skips, feeds
-    from spark_jobs.steps import Skips
+    from spark_jobs.read import feeds, pack_skips
 
     # The topic name belongs to this attempt: anything under it is left from an earlier run of the
     # same name (a re-run date, a reset metadata DB) and must not mix with this run's sequences.
@@ -185,14 +184,15 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
                           cfg.topic.settings())
     skafka.recreate_topic(kafka_config, tasks_topic(topic), done_parts, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
-    skips = duplicate_skips(staged.duplicates) if staged.duplicates is not None else Skips()
-    log.info("pack pass: %d duplicates left out", len(skips))
+    skips, decided = pack_skips(staged.index, staged.duplicates, staged.by_source, cfg.quality.active)
+    log.info("pack pass: %d %s left out by place", len(skips),
+             "duplicates and records the quality filters dropped" if decided else "duplicates")
     # the tokenizer travels with the job (a broadcast), so executors on other hosts need no shared path
     sc = spark.sparkContext
     tokenizer = sc.broadcast((Path(inputs.tokenizer_path).read_text(), inputs.tokenizer_sha256))
     fn = pack_publish_batches(cfg=cfg, records=feed.records, tokenizer=tokenizer, skips=sc.broadcast(skips),
                               topic=topic, run_id=inputs.run_id, dtype=inputs.dtype,
-                              kafka_config=task_config or kafka_config, fail=fail, progress=progress,
+                              kafka_config=task_config or kafka_config, fail=fail, progress=progress, decided=decided,
                               task_partitions=done_parts, holdout_dir=str(holdout_dir) if holdout_dir else None)
     summaries = [TaskSummary.from_json(r["summary"]) for r in feed.frame.mapInArrow(fn, "summary string").collect()]
     for s in summaries:

@@ -47,8 +47,16 @@ def _expected(docs: list[str], min_chars: int) -> tuple[list[str], Counter]:
     return kept, dropped
 
 
+@pytest.mark.parametrize("decided", [True, False], ids=["filtered-skipped-by-place", "filtered-again"])
 def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is_counted_and_quarantined(
-        spark, kafka_config, small_cfg, tmp_path):
+        spark, kafka_config, small_cfg, tmp_path, monkeypatch, caplog, decided):
+    """``decided``: the pack pass skips the records the filters dropped by place, and only changes the kept ones'
+    text; else (a night with more drops than the driver should ship) it runs the filters' decisions again."""
+    from spark_jobs import read
+
+    if not decided:
+        monkeypatch.setattr(read, "FILTERED_SKIPS", 0)
+    caplog.set_level("INFO", logger="stoker")
     from stoker_local.mixed_sample import documents
 
     base = [text for _, text in documents(400, seed=3)]
@@ -61,10 +69,12 @@ def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is
     (folder / "_SUCCESS").write_text("")
     cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, uri=str(folder)),
                               quality=quality(ALL_ON))
-    topic = "stoker.quality.20261201.a1"
+    topic = f"stoker.quality.20261201.a{2 - decided}"
     m = run_job(spark, cfg, ds="2026-12-01", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
 
     kept, dropped = _expected(docs, cfg.clean.min_chars)
+    assert any(("records the quality filters dropped left out by place" in r.message) == decided
+               for r in caplog.records if r.message.startswith("pack pass:")), "the pack pass's skips"
     assert (m.docs_in, m.docs_kept) == (len(docs), len(kept))
     assert m.docs_dropped == dict(sorted(dropped.items()))
     # the night exercises the filters: drops by at least four of the five (which documents the mixed sample holds

@@ -54,6 +54,14 @@ def test_fineweb_chain_with_scrubbing_matches_datatrove_document_for_document(do
     assert reasons["kept"] >= 20 and sum(reasons.values()) - reasons["kept"] > len(docs) // 2, reasons
 
 
+def test_a_kept_text_transformed_again_is_the_text_the_chain_kept(docs):
+    """The pack pass runs only the text changes (C4's lines, scrubbing) on what the index pass kept."""
+    f = Filters(quality(ALL_ON))
+    kept = [(text, v.text) for _, text in docs if (v := f.apply(text)).text is not None]
+    assert len(kept) >= 20 and sum(a != b for a, b in kept) >= 5  # C4 or the scrubbing changed some
+    assert [f.transform(text).text for text, _ in kept] == [out for _, out in kept]
+
+
 def test_scrubbing_replaces_public_addresses_and_keeps_private_ones():
     f = Filters(quality({"pii": {"emails": True, "ips": True}}))
     v = f.apply("Mail bob.smith@uni-x.edu, host 8.8.8.8, router 192.168.1.1, local 127.0.0.1.")
