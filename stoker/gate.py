@@ -3,9 +3,10 @@
 The evaluate task scores the night's model and the head it continued (the line's blessed model) on the same
 held-out documents: the night's own and each earlier night's (training/evaluate.py). Each figure's change is
 ``candidate - blessed`` in bits per byte with the standard error of that paired difference. A figure
-*regresses* when its change exceeds ``max(eval.gate_k x stderr, eval.max_regression)``, or is not a number
-(a diverged model). No regression: ``promoted``. Otherwise ``held``: the night stays in the line's history
-with its figures and is never continued (:func:`stoker.lines.blessed`); the next night continues the head.
+*regresses* when its change exceeds ``max(eval.gate_k x stderr, floor)``, or is not a number (a diverged
+model); the floor is ``eval.max_regression`` on the night's own set, ``eval.max_forgetting`` on earlier nights'.
+No regression: ``promoted``. Otherwise ``held``: the night stays in the line's history with its figures and is
+never continued (:func:`stoker.lines.blessed`); the next night continues the head.
 
 A night with nothing to compare against (the line's first night from random weights) is promoted; a branch
 (a night the head could not take) is never the head and is not gated.
@@ -28,17 +29,22 @@ CHOICES = {"promote": "promoted", "hold": "held", "roll-back": "rolled_back"}
 REVIEW_OPTIONS = {"Promote": "promote", "Hold": "hold", "Roll back": "roll-back"}
 """The review step's options as a person sees them in Airflow (``training.review``), and the choice each makes."""
 REVIEW_TASK = "training.review"
+FORGETTING = "forgetting:"
+"""The name prefix of an earlier night's set in an evaluation (training/evaluate.py)."""
 
 
-def regressions(result: dict[str, Any], k: float, max_regression: float) -> list[dict[str, Any]]:
-    """The figures of an evaluation (``eval.json``) that regress against its baseline."""
+def regressions(result: dict[str, Any], k: float, max_regression: float,
+                max_forgetting: float | None = None) -> list[dict[str, Any]]:
+    """The figures of an evaluation (``eval.json``) that regress against its baseline; ``max_forgetting`` (default
+    ``max_regression``) is the floor of the earlier nights' sets."""
     out = []
     for name, figures in sorted(result.get("sets", {}).items()):
         a = figures["all"]
         if "delta" not in a:
             continue
         se = a.get("delta_stderr")
-        bar = max(k * se if se is not None and math.isfinite(se) else 0.0, max_regression)
+        floor = max_forgetting if max_forgetting is not None and name.startswith(FORGETTING) else max_regression
+        bar = max(k * se if se is not None and math.isfinite(se) else 0.0, floor)
         delta = a["delta"]
         if not (isinstance(delta, float | int) and math.isfinite(delta)) or delta > bar:
             out.append({"set": name, "bpb": a["bpb"], "blessed_bpb": a["baseline_bpb"], "change": delta,
@@ -46,7 +52,8 @@ def regressions(result: dict[str, Any], k: float, max_regression: float) -> list
     return out
 
 
-def decide(result: dict[str, Any], role: str, k: float, max_regression: float) -> dict[str, Any]:
+def decide(result: dict[str, Any], role: str, k: float, max_regression: float,
+           max_forgetting: float | None = None) -> dict[str, Any]:
     """The gate's decision on an evaluation of a night whose planned role is ``role``."""
     at = datetime.now(UTC).isoformat(timespec="seconds")
     if role != "head":
@@ -54,8 +61,9 @@ def decide(result: dict[str, Any], role: str, k: float, max_regression: float) -
     if not result.get("baseline"):
         return {"decision": "promoted", "by": "gate", "at": at,
                 "why": "no blessed model to compare with (the line's first night)"}
-    bad = regressions(result, k, max_regression)
-    rule = f"no figure worse by more than max({k:g} x stderr, {max_regression:g}) bits per byte"
+    bad = regressions(result, k, max_regression, max_forgetting)
+    rule = f"no figure worse by more than max({k:g} x stderr, {max_regression:g}) bits per byte" + (
+        f" ({max_forgetting:g} on earlier nights' sets)" if max_forgetting is not None else "")
     if bad:
         worst = max(bad, key=lambda r: r["change"] if math.isfinite(r["change"]) else math.inf)
         return {"decision": "held", "by": "gate", "at": at, "rule": rule, "regressions": bad,

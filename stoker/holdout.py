@@ -39,6 +39,10 @@ class EvalConfig:
     """The gate: a night that continues the line's head becomes the head only if no figure (bits per byte on
     its held-out documents, and on each earlier night's) is worse than the head's by more than
     max(``gate_k`` x the paired standard error, this many bits per byte); else it is held."""
+    max_forgetting: float = 0.05
+    """The floor of ``max_regression`` for the earlier nights' sets (forgetting): a night forgets a little of
+    what it did not train on, and at 0.01 clean nights were held for +0.010 to +0.016 bits per byte on an earlier
+    night's documents (BENCHMARKS.md, "The gate against sabotage"). The night's own set keeps ``max_regression``."""
     gate_k: float = 2.0
     """Standard errors a figure may worsen by before the gate holds the night (see ``max_regression``)."""
     forgetting_nights: int = 3
@@ -67,6 +71,8 @@ class EvalConfig:
                         f"must be in [0, {HOLDOUT_PER_MILLE_MAX}] (documents per thousand held out of training)")
         if not 0 <= self.max_regression < 10:
             raise _fail("eval.max_regression", self.max_regression, "must be in [0, 10) bits per byte")
+        if not 0 <= self.max_forgetting < 10:
+            raise _fail("eval.max_forgetting", self.max_forgetting, "must be in [0, 10) bits per byte")
         if not 0 <= self.gate_k <= 10:
             raise _fail("eval.gate_k", self.gate_k, "must be in [0, 10] standard errors")
         if not 0 <= self.forgetting_nights <= 50:

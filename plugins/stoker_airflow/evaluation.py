@@ -149,7 +149,7 @@ class NightEvalOperator(BaseOperator):
             self.log.warning("night %s of %s is not in line %s: no decision", m.ds, m.corpus, settings.line)
             return None
         decision = decide(result, record.get("parent", {}).get("role", "head"), cfg.eval.gate_k,
-                          cfg.eval.max_regression)
+                          cfg.eval.max_regression, cfg.eval.max_forgetting)
         record_decision(night, result, decision)
         export_card = run.trainer(m.topic).export / "README.md"
         if export_card.parent.is_dir():  # the run's own export carries the card too (a new file, never a link)

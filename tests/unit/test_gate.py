@@ -42,6 +42,20 @@ def test_a_night_is_held_when_a_figure_is_worse_by_more_than_its_noise_or_the_fl
     assert decide(forgot, "branch", 2.0, 0.01)["decision"] == "branch"
 
 
+def test_earlier_nights_sets_have_the_forgetting_floor_and_the_nights_own_set_its_own():
+    # a certain +0.03 on an earlier night's documents is forgetting within eval.max_forgetting (0.05) ...
+    forgot_a_little = _result(night=(2.10, 2.30, 0.002), **{"forgetting:2026-12-01.a": (2.43, 2.40, 0.002)})
+    assert decide(forgot_a_little, "head", 2.0, 0.01, 0.05)["decision"] == "promoted"
+    assert decide(forgot_a_little, "head", 2.0, 0.01)["decision"] == "held"  # one floor for all sets
+    # ... while the same change on the night's own documents, or +0.06 on the earlier night's, is held
+    own = decide(_result(night=(2.33, 2.30, 0.002)), "head", 2.0, 0.01, 0.05)
+    assert own["decision"] == "held" and own["regressions"][0]["allowed"] == 0.01
+    forgot = decide(_result(night=(2.10, 2.30, 0.002), **{"forgetting:2026-12-01.a": (2.46, 2.40, 0.002)}),
+                    "head", 2.0, 0.01, 0.05)
+    assert forgot["decision"] == "held" and forgot["regressions"][0]["allowed"] == 0.05
+    assert "(0.05 on earlier nights' sets)" in forgot["rule"]
+
+
 def test_a_held_night_stays_in_the_history_and_the_next_night_continues_the_blessed_head(tmp_path):
     line = LineLayout(tmp_path / "l")
     _join(line, tmp_path, "2026-12-01")
