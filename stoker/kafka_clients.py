@@ -82,3 +82,14 @@ def admin(config: Mapping[str, Any]) -> Any:
             entry = _admins[key] = [AdminClient(dict(config)), now]
         entry[1] = now
         return entry[0]
+
+
+def forget_admins(bootstrap: str | None = None) -> int:
+    """Drop this process's reused AdminClients of the cluster at ``bootstrap`` (its ``bootstrap.servers``), or all:
+    a process that stops a broker asks it nothing more, and a kept client would reconnect to it (and log
+    "Connection refused" every second) until the process ends. The number dropped."""
+    with _admins_lock:
+        gone = [k for k in _admins if bootstrap is None or ("bootstrap.servers", bootstrap) in k[1:]]
+        for k in gone:
+            del _admins[k]
+    return len(gone)

@@ -201,8 +201,13 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
 
 
 def down(b: Broker | None = None, timeout: float = 30.0) -> bool:
-    """Stop the broker this stack started (TERM, then KILL); False if none was running."""
-    return (b or default_broker()).process.stop(grace=timeout)
+    """Stop the broker this stack started (TERM, then KILL), and this process's reused clients of it; False if
+    none was running."""
+    from stoker.kafka_clients import forget_admins
+
+    b = b or default_broker()
+    forget_admins(b.bootstrap)
+    return b.process.stop(grace=timeout)
 
 
 def status(b: Broker | None = None) -> dict[str, object]:

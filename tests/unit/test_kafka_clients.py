@@ -37,6 +37,13 @@ def test_an_idle_admin_client_is_closed_and_a_forked_child_makes_its_own(monkeyp
     assert os.read(read, 1) == b"1"
 
 
+def test_a_stopped_clusters_clients_are_forgotten_and_the_others_kept():
+    gone, other = kafka_clients.admin(NOWHERE), kafka_clients.admin({**NOWHERE, "bootstrap.servers": "127.0.0.1:7"})
+    assert kafka_clients.forget_admins("127.0.0.1:9") == 1
+    assert kafka_clients.admin(NOWHERE) is not gone  # a new client, should the cluster be asked again
+    assert kafka_clients.admin({**NOWHERE, "bootstrap.servers": "127.0.0.1:7"}) is other
+
+
 def test_each_kind_of_client_is_spelled_once():
     reader = kafka_clients.client_config(NOWHERE, kafka_clients.Role.READER, **{"group.id": "g"})
     assert reader["isolation.level"] == "read_committed" and reader["enable.auto.commit"] is False
