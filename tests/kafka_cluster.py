@@ -144,6 +144,9 @@ class ComposeCluster:
         return self.leader(internal_topic, _java_abs(_java_hash(key)) % len(md.topics[internal_topic].partitions))
 
     def stop(self) -> None:
+        from stoker.kafka_clients import forget_admins
+
+        forget_admins(self.client["bootstrap.servers"])  # else they reconnect to the stopped nodes until the end
         for pr in self.procs.values():
             if pr.poll() is None:
                 os.killpg(pr.pid, signal.SIGKILL)
