@@ -20,10 +20,10 @@ from stoker.manifest import read_manifest
 
 
 def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, compressed: bool = False,
-                 publish: dict[str, Any] | None = None, **topic: Any) -> Path:
-    """About 24 MB of distinct documents, so the pack pass runs for several seconds on two cores; the
-    corpus config ``name`` reads them (``topic`` adds topic settings, ``publish`` publish settings).
-    ``compressed``: as two ``.jsonl.zst`` files, each read whole by one task."""
+                 publish: dict[str, Any] | None = None, docs_per_file: int = 30_000, **topic: Any) -> Path:
+    """Two files of distinct documents (about 12 MB each at 30,000), so the pack pass runs for several
+    seconds on two cores; the corpus config ``name`` reads them (``topic`` adds topic settings, ``publish``
+    publish settings). ``compressed``: as ``.jsonl.zst`` files, each read whole by one task."""
     from stoker_local import sample
 
     texts = list(sample.texts(sample_corpus["data"]))
@@ -31,7 +31,7 @@ def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, c
     folder.mkdir()
     for f in range(2):
         lines = "".join(json.dumps({"text": f"{texts[n % len(texts)]} [{n}]"}) + "\n"
-                        for n in range(f * 30_000, (f + 1) * 30_000))
+                        for n in range(f * docs_per_file, (f + 1) * docs_per_file))
         if compressed:
             import zstandard
 

@@ -86,23 +86,35 @@ def _committed(kafka_config: dict, topic: str) -> list:
         return []
 
 
+def _mid_task(committed: list) -> bool:
+    """Some task has committed two transactions and not yet its last."""
+    done = [json.loads(m.value()) for m in committed]
+    tasks = {d["spark_partition"] for d in done}
+    return any(sum(1 for d in done if d["spark_partition"] == t) >= 2
+               and not any(d["final"] for d in done if d["spark_partition"] == t) for t in tasks)
+
+
 @pytest.mark.parametrize("kill", [False, True])
 def test_a_compressed_file_publishes_in_several_transactions_exactly_once(sample_corpus, kafka_config, tmp_path, kill):
     """A .jsonl.zst is read whole by one task, whose publish here takes far longer than the transaction
-    timeout (3 s). Its sequences go out in several transactions, each with a done record; a worker killed
-    after some of them committed is retried, and the retry continues after what was committed."""
+    timeout (2 s: a transaction is committed after 1 s). Its sequences go out in several transactions, each
+    with a done record; a worker killed after some of them committed is retried, and the retry continues
+    after what was committed."""
     from stoker import kafka as skafka
     from stoker.layout import tasks_topic
 
-    cfg = write_corpus(tmp_path, sample_corpus, "zst", compressed=True, publish={"transaction_timeout_ms": 3000})
+    # 60,000 documents a file: about 11,000 sequences a task, some 6 s of packing on two cores (CI's
+    # machine packed 30,000 in 3 s, two transactions only, and finished before the kill below)
+    cfg = write_corpus(tmp_path, sample_corpus, "zst", compressed=True, docs_per_file=60_000,
+                       publish={"transaction_timeout_ms": 2000})
     topic = f"stoker.zst.20261201.a{int(kill) + 1}"
     proc = submit(cfg, topic, tmp_path / "run", kafka_config)
     try:
-        if kill:  # once two transactions of some task committed
+        if kill:  # once some task committed two transactions and has more to go
             deadline = time.monotonic() + 300
-            while len(_committed(kafka_config, tasks_topic(topic))) < 2:
-                assert proc.poll() is None and time.monotonic() < deadline, "no two transactions committed"
-                time.sleep(0.3)
+            while not _mid_task(_committed(kafka_config, tasks_topic(topic))):
+                assert proc.poll() is None and time.monotonic() < deadline, "no task two transactions in"
+                time.sleep(0.2)
             workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
                        if _is_daemon(p) and p.parent() is not None and _is_daemon(p.parent())]
             for w in workers:
