@@ -79,12 +79,21 @@ def _refusal(err: Any, config: Mapping[str, Any]) -> str | None:
 
 
 def topic_partitions(config: Mapping[str, Any], topic: str) -> int | None:
-    """Partition count of ``topic``, or None when it does not exist."""
-    md = admin(config).list_topics(topic=topic, timeout=TIMEOUT_S)
-    t = md.topics.get(topic)
-    if t is None or t.error is not None:
-        return None
-    return len(t.partitions)
+    """Partition count of ``topic``, or None when it does not exist. Any other error on the topic (its
+    leaders moving while a broker dies answers LEADER_NOT_AVAILABLE) is asked again for up to TIMEOUT_S:
+    taken for "does not exist", it failed a publish task whose partition leader had just been killed."""
+    from confluent_kafka import KafkaError
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        t = admin(config).list_topics(topic=topic, timeout=TIMEOUT_S).topics.get(topic)
+        if t is None or (t.error is not None and t.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        if t.error is None:
+            return len(t.partitions)
+        if time.monotonic() > deadline:
+            raise StokerError(f"topic {topic!r}: its metadata still answers {t.error} after {TIMEOUT_S:.0f}s")
+        time.sleep(0.3)
 
 
 def list_topics(config: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -71,3 +71,23 @@ def test_list_offsets_asks_again_while_a_partitions_leadership_settles(code):
 
     assert skafka._retriable(failed(getattr(KafkaError, code)))
     assert not skafka._retriable(failed(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+
+def test_a_topics_transient_metadata_error_is_asked_again_and_only_unknown_means_absent(monkeypatch):
+    # a publish task whose partition leader had just been killed read LEADER_NOT_AVAILABLE on the topic as
+    # "topic does not exist" and failed
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError
+
+    from stoker import kafka as skafka
+
+    answers = [KafkaError(KafkaError.LEADER_NOT_AVAILABLE), None, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)]
+
+    def list_topics(topic: str, timeout: float) -> SimpleNamespace:
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=answers.pop(0), partitions={0: 0, 1: 1})})
+
+    monkeypatch.setattr(skafka, "admin", lambda config: SimpleNamespace(list_topics=list_topics))
+    monkeypatch.setattr(skafka.time, "sleep", lambda s: None)
+    assert skafka.topic_partitions(NOWHERE, "t") == 2  # asked again past the settling leader
+    assert skafka.topic_partitions(NOWHERE, "t") is None and not answers
