@@ -73,10 +73,13 @@ def rows(out: Path, suffix: str = ".jsonl") -> list[dict]:
 # gradients not partitioned): bench/gpu_bench.py runs it on a GPU; the suite keeps its minutes for 2 and 3
 def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, tmp_path, zero):
     m, path, kafka_config, reference = published
-    shape = ["--set", f"grad_accum_steps={ACCUM}", "--set", f"zero_stage={zero}", "--checkpoint-every", "2",
+    shape = ["--set", f"grad_accum_steps={ACCUM}", "--set", f"zero_stage={zero}", "--checkpoint-every", "3",
              "--group-id", f"accum-{zero}", *(["--set", "bf16=true"] if zero == 2 else [])]  # as the GPU recipes
     out = tmp_path / "train"
-    kill_at = random.Random().choice([s for s in range(11, 31) if s % ACCUM])  # past the first checkpoint (8)
+    # checkpoints every 12 micro-steps; killed inside the window just after one, or inside the next (the resume
+    # then trains a whole window again), past the first (12) and 5 or more micro-steps before the next: a kill
+    # that lands late must not pass a checkpoint whose next step the killed life never logged
+    kill_at = random.Random().choice([s for s in range(13, 32) if s % (3 * ACCUM) in (1, 2, 3, 5, 6, 7)])
     proc = launch_trainer(path, out, kafka_config, 2, *shape)
     await_step(out, kill_at, proc)
     kill_tree(proc)
