@@ -3,7 +3,10 @@ tests/e2e/test_sabotage.py runs one:
 
     .stoker/venv/bin/python bench/sabotage_bench.py [--trials 10]          (make bench-gate)
 
-Each trial is a line of its own: a clean first night on one shard of the sample, then from it
+Each trial is a line of its own. It starts from a model pre-trained (80 plain-torch steps, as the stack test's
+line ``gated`` starts) on a shard the trial's nights do not read, since a line is continued from a trained model
+in use: on a line from random weights, 100 x the learning rate on a young model still lowered its loss in 2 of
+10 trials (``--start random`` runs that shape). Then a clean first night on one shard of the sample, and from it
 * ``clean``: another shard, clean: must be promoted;
 * ``scrambled``: a shard with every document's characters shuffled: must be held;
 * ``shuffled_words``: a shard with every document's words shuffled: measured (on a line this young it is no
@@ -41,14 +44,15 @@ EXPECTED = {"first": "promoted", "clean": "promoted", "scrambled": "held", "lr_x
 KINDS = ("first", "scrambled", "lr_x100", "clean", "shuffled_words")  # the clean night continues the first
 
 
-def trial(i: int, root: Path, sample_data: Path) -> list[dict]:
+def trial(i: int, root: Path, sample_data: Path, start: str = "pretrained", offset: int = 0) -> list[dict]:
     import test_sabotage as ts
+    from trainer_tools import pretrain_deepseek
 
     from stoker.layout import LineLayout, RunLayout
 
-    start = date(2026, 11, 15) + timedelta(days=len(KINDS) * i)  # after the corpus's schedule.start_date
-    days = {k: (start + timedelta(days=d)).isoformat() for d, k in enumerate(KINDS)}
-    pick = [SHARDS[(i + j) % len(SHARDS)] for j in range(3)]
+    day0 = date(2026, 11, 15) + timedelta(days=len(KINDS) * i)  # after the corpus's schedule.start_date
+    days = {k: (day0 + timedelta(days=d)).isoformat() for d, k in enumerate(KINDS)}
+    pick = [SHARDS[(i + offset + j) % len(SHARDS)] for j in range(3)]
     nights = {days["first"]: (pick[0], None), days["scrambled"]: (pick[1], "chars"),
               days["shuffled_words"]: (pick[1], "words"), days["lr_x100"]: (pick[2], None),
               days["clean"]: (pick[1], None)}
@@ -56,8 +60,17 @@ def trial(i: int, root: Path, sample_data: Path) -> list[dict]:
     for ds in days.values():
         shutil.rmtree(RunLayout.of(ts.CORPUS, ds).run_dir, ignore_errors=True)
     corpora = ts.sabotage_corpora(root / f"t{i}", sample_data, nights)
+    if start == "pretrained":  # on the shard none of the trial's nights reads
+        model, spare = root / f"t{i}" / "start", SHARDS[(i + offset + 3) % len(SHARDS)]
+        docs = [t for t in map(_text, (sample_data / spare).read_bytes().splitlines()) if t][:400]
+        pretrain_deepseek(Path(os.environ["STOKER_HOME"]) / "tokenizers" / "sample-bpe-8192" / "tokenizer.json",
+                          docs, model, 256, steps=80)
+        corpus = corpora / f"{ts.CORPUS}.yaml"
+        text = corpus.read_text()
+        assert f"  recipe: {ts.CORPUS}\n" in text
+        corpus.write_text(text.replace(f"  recipe: {ts.CORPUS}\n", f'  recipe: {ts.CORPUS}\n  init: "{model}"\n'))
     recipe = corpora / "recipes" / f"{ts.CORPUS}.yaml"
-    base = ts.RECIPE + f"seed: {1000 + i}\n"
+    base = ts.RECIPE + f"seed: {1000 + offset + i}\n"
     recipe.write_text(base)
     out = []
     for kind in KINDS:
@@ -66,7 +79,7 @@ def trial(i: int, root: Path, sample_data: Path) -> list[dict]:
         summary = ts.run_night(corpora, days[kind])
         ev = summary["eval"]
         worst = max((r for r in ev["decision"].get("regressions", [])), key=lambda r: r["change"], default=None)
-        out.append({"trial": i, "kind": kind, "decision": ev["decision"]["decision"],
+        out.append({"trial": offset + i, "start": start, "kind": kind, "decision": ev["decision"]["decision"],
                     "changes": {name: figures["all"].get("delta") for name, figures in ev["sets"].items()},
                     "worst": worst and {k: worst[k] for k in ("set", "change", "allowed")},
                     "seconds": round(time.monotonic() - t0, 1)})
@@ -77,6 +90,10 @@ def trial(i: int, root: Path, sample_data: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--start", choices=("pretrained", "random"), default="pretrained",
+                    help="each trial's line starts from a pre-trained model (default) or from random weights")
+    ap.add_argument("--seed-offset", type=int, default=0,
+                    help="a fresh set of trials: other recipe seeds and another order of the shards")
     args = ap.parse_args()
 
     results_file = REPO / ".stoker" / "bench" / "sabotage.jsonl"
@@ -84,9 +101,9 @@ def main() -> None:
     rows: list[dict] = []
     with environment() as (home, data), tempfile.TemporaryDirectory(dir=home) as tmp:
         for i in range(args.trials):
-            rows += trial(i, Path(tmp), data)
+            rows += trial(i, Path(tmp), data, args.start, args.seed_offset)
             with results_file.open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows if r["trial"] == i)
+                f.writelines(json.dumps(r) + "\n" for r in rows if r["trial"] == args.seed_offset + i)
     print("\n| night | trials | decisions | as expected | change on its own set (mean) | change on the first "
           "night's (mean) | seconds (mean) |\n|---|---|---|---|---|---|---|")
     for kind in KINDS:
@@ -141,6 +158,14 @@ def each_variant(results: str, variants: Iterable[Any], run: Callable[[Any, Path
             with out.open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in new)
     return rows
+
+
+def _text(raw: bytes) -> str | None:
+    """A sample record's text; None for one of its bad records."""
+    with contextlib.suppress(ValueError):
+        doc = json.loads(raw)
+        return doc.get("text") if isinstance(doc, dict) and isinstance(doc.get("text"), str) else None
+    return None
 
 
 def _mean(xs: list) -> float:
