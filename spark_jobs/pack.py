@@ -16,10 +16,9 @@ ENCODE_BATCH = 1024
 def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, skips: Any, topic: str, run_id: str,
                          dtype: str, kafka_config: dict[str, Any], fail: tuple[int, int] | None, progress: Any = None,
                          task_partitions: int = 1, holdout_dir: str | None = None, decided: bool = False):
-    """mapInArrow function of the pack pass: a feed's rows → their kept records packed, published → a summary.
-    ``kafka_config`` travels pickled into every task (a ``sasl.password.file`` stays a path, read where the task
-    runs). Held-out documents are packed apart into ``holdout_dir`` before the task's last transaction commits.
-    ``decided``: ``skips`` holds every record the quality filters dropped too (spark_jobs/read.py)."""
+    """mapInArrow function of the pack pass: rows → kept records packed, published → a summary. ``kafka_config``
+    travels pickled into every task (a ``sasl.password.file`` stays a path, read where it runs); held-out documents are
+    packed apart into ``holdout_dir`` before the last commit; ``decided``: ``skips`` holds the filters' drops too."""
     seq_len, tx_ms, per_mille = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms, cfg.eval.holdout_per_mille
     nparts, compression, per_mille = cfg.topic.partitions, cfg.topic.compression, per_mille if holdout_dir else 0
     eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
@@ -43,7 +42,8 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         packer, hold = Packer(seq_len, *marks), HoldoutPart(packer=Packer(seq_len, *marks))  # held out: packed alike
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
 
-        def pack(texts: list[str], sources: list[str], held: list[bool]):
+        def pack(texts: list[str], sources: list[str], held: list[bool], scrubbed: list[int]):
+            summary.add_scrubbed(scrubbed)
             for ids, src, text, h in zip(encode_batch(tok, texts), sources, texts, held, strict=True):
                 if h:  # never published
                     hold.add(src, ids, text)
@@ -55,9 +55,9 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
                 docs_acc.add(len(texts))
 
         def sequences():
-            for texts, sources, held in kept_texts(records(batches, read_acc), c.normalization, c.min_chars,
-                                                   c.max_chars, skip, ENCODE_BATCH, per_mille, quality, decided):
-                yield from pack(texts, sources, held)
+            for batch in kept_texts(records(batches, read_acc), c.normalization, c.min_chars, c.max_chars, skip,
+                                    ENCODE_BATCH, per_mille, quality, decided):
+                yield from pack(*batch)
             yield from packer.flush()
             summary.tokens, summary.padding = packer.tokens, packer.padding
             if tokens_acc is not None:

@@ -63,6 +63,15 @@ class TaskSummary:
     """Sequences an earlier attempt had committed, which this attempt skipped."""
     transactions: int = 0
     """Transactions this attempt committed."""
+    scrubbed_docs: int = 0
+    """Documents of the task (trained or held out) whose e-mail or IP addresses the PII scrubbing replaced."""
+    scrubbed_addresses: int = 0
+    """Addresses it replaced in them."""
+
+    def add_scrubbed(self, addresses: list[int]) -> None:
+        """Count a batch of documents by the addresses the scrubbing replaced in each."""
+        self.scrubbed_docs += sum(map(bool, addresses))
+        self.scrubbed_addresses += sum(addresses)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

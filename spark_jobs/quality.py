@@ -247,18 +247,19 @@ class Filters:
         return None
 
     def scrub(self, text: str) -> Verdict:
+        """``text`` with its e-mail and public IPv4 addresses replaced; ``scrubbed`` counts those that changed (an
+        address that is its replacement already is not counted)."""
         p, found = self.c.pii, 0
+
+        def replace(m: re.Match[str], by: str) -> str:
+            nonlocal found
+            found += m.group(0) != by
+            return by
+
         if p.emails:
-            text, n = EMAIL.subn(p.email_replacement, text)
-            found += n
+            text = EMAIL.sub(lambda m: replace(m, p.email_replacement), text)
         if p.ips:
-            def public(m: re.Match[str]) -> str:
-                nonlocal found
-                if not _is_global(m.group(0)):
-                    return m.group(0)
-                found += 1
-                return p.ip_replacement
-            text = IPV4.sub(public, text)
+            text = IPV4.sub(lambda m: replace(m, p.ip_replacement) if _is_global(m.group(0)) else m.group(0), text)
         return Verdict(text, scrubbed=found)
 
 

@@ -44,6 +44,8 @@ class Parsed:
     detail: str | None = None
     raw: bytes | None = None
     digest: bytes | None = None
+    scrubbed: int = 0
+    """Addresses the PII scrubbing replaced in ``text``."""
 
 
 def parquet_record(source: str, pos: int, value: Any, text_field: str, absent: str = "") -> Parsed:
@@ -104,22 +106,24 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest:
     if len(text) > max_chars:
         return Parsed(source=p.source, pos=p.pos, reason=TOO_LONG,
                       detail=f"{len(text)} chars > clean.max_chars {max_chars}", raw=_raw(p))
+    scrubbed = 0
     if quality is not None:
         verdict = quality.transform(text) if decided else quality.apply(text)
         if verdict.text is None:
             return Parsed(source=p.source, pos=p.pos, reason=verdict.reason, detail=verdict.detail, raw=_raw(p))
-        text = verdict.text
+        text, scrubbed = verdict.text, verdict.scrubbed
         if not text.strip():  # C4 removed every line (its sentence minimum off)
             return Parsed(source=p.source, pos=p.pos, reason=EMPTY_TEXT, detail="blank after the quality filters",
                           raw=_raw(p))
-    return Parsed(source=p.source, pos=p.pos, text=text, raw=p.raw,
+    return Parsed(source=p.source, pos=p.pos, text=text, raw=p.raw, scrubbed=scrubbed,
                   digest=hashlib.sha256(text.encode()).digest() if digest else None)
 
 
 def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, max_chars: int, skip: Any,
                batch: int, holdout_per_mille: int = 0, quality: Any = None, decided: bool = False
-               ) -> Iterator[tuple[list[str], list[str], list[bool]]]:
-    """What a pack task tokenises, in batches of (texts, their source files, whether each is held out): the
+               ) -> Iterator[tuple[list[str], list[str], list[bool], list[int]]]:
+    """What a pack task tokenises, in batches of (texts, their source files, whether each is held out, the
+    addresses the scrubbing replaced in each): the
     records cleaned again and kept, less those in ``skip`` (the duplicates, by place, and with ``decided`` every
     record the quality filters dropped, so the others need only their text changes). A text is held out by its
     digest (:func:`stoker.holdout.held_out`), computed only when something is held out."""
@@ -128,6 +132,7 @@ def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, ma
     texts: list[str] = []
     sources: list[str] = []
     held: list[bool] = []
+    scrubbed: list[int] = []
     for p in records:
         if (p.source, p.pos) in skip:  # before cleaning: a duplicate is not filtered twice
             continue
@@ -138,11 +143,12 @@ def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, ma
         texts.append(p.text or "")
         sources.append(p.source)
         held.append(p.digest is not None and held_out(p.digest, holdout_per_mille))
+        scrubbed.append(p.scrubbed)
         if len(texts) == batch:
-            yield texts, sources, held
-            texts, sources, held = [], [], []
+            yield texts, sources, held, scrubbed
+            texts, sources, held, scrubbed = [], [], [], []
     if texts:
-        yield texts, sources, held
+        yield texts, sources, held, scrubbed
 
 
 def _raw(p: Parsed) -> bytes:

@@ -227,6 +227,9 @@ def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInp
         quarantine_path=str(quarantine_path), created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
         retention_ms=cfg.topic.retention_ms, eos_id=inputs.eos_id, pad_id=inputs.pad_id,
         seconds=round(time.monotonic() - t0, 3),
+        scrubbed={"docs": sum(s.scrubbed_docs for s in summaries),
+                  "addresses": sum(s.scrubbed_addresses for s in summaries)}
+        if cfg.quality.pii.emails or cfg.quality.pii.ips else {},
     )
 
 

@@ -31,8 +31,6 @@ def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> int:
     """Number of brokers; raises a clear error when none answers within ``timeout`` seconds, and at
     once (not at the timeout) when the cluster refuses the credentials or the client does not trust
     its certificate."""
-    import time
-
     from confluent_kafka import KafkaException
 
     errors: list[Any] = []
@@ -79,26 +77,21 @@ def _refusal(err: Any, config: Mapping[str, Any]) -> str | None:
 
 
 def topic_partitions(config: Mapping[str, Any], topic: str) -> int | None:
-    """Partition count of ``topic``, or None when it does not exist. Any other error on the topic (its
-    leaders moving while a broker dies answers LEADER_NOT_AVAILABLE) is asked again for up to TIMEOUT_S:
-    taken for "does not exist", it failed a publish task whose partition leader had just been killed."""
+    """Partition count of ``topic``, or None when it does not exist. Another error (LEADER_NOT_AVAILABLE while
+    a killed broker's leaders move) is asked again for up to TIMEOUT_S, never taken for "does not exist"."""
     from confluent_kafka import KafkaError
 
     deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        t = admin(config).list_topics(topic=topic, timeout=TIMEOUT_S).topics.get(topic)
-        if t is None or (t.error is not None and t.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-            return None
-        if t.error is None:
-            return len(t.partitions)
+    while (t := admin(config).list_topics(topic=topic, timeout=TIMEOUT_S).topics.get(topic)) is not None and (
+            t.error is not None and t.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART):
         if time.monotonic() > deadline:
             raise StokerError(f"topic {topic!r}: its metadata still answers {t.error} after {TIMEOUT_S:.0f}s")
         time.sleep(0.3)
+    return None if t is None or t.error is not None else len(t.partitions)
 
 
 def list_topics(config: Mapping[str, Any], prefix: str = "") -> list[str]:
-    md = admin(config).list_topics(timeout=TIMEOUT_S)
-    return sorted(t for t in md.topics if t.startswith(prefix))
+    return sorted(t for t in admin(config).list_topics(timeout=TIMEOUT_S).topics if t.startswith(prefix))
 
 
 def create_topic(

@@ -68,6 +68,9 @@ class Manifest:
     """The documents held out of training (``eval.holdout_per_mille``), kept with the night
     (:func:`stoker.holdout.account`): per_mille, path, sequences, docs, tokens, bytes and per source file;
     ``docs_kept`` counts them, ``tokens`` and ``sequences`` do not. Empty: nothing held out."""
+    scrubbed: dict[str, int] = field(default_factory=dict)
+    """The PII scrubbing (``quality.pii``): ``docs``, the kept documents (trained or held out) it changed, and
+    ``addresses``, the e-mail and IP addresses it replaced in them. Empty: scrubbing off."""
     version: int = MANIFEST_VERSION
 
     def check(self) -> None:

@@ -111,6 +111,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "training_skipped": training_skipped(m),
         "params": (_read_json(RunLayout(Path(run_dir)).plan) or {}).get("params"),
         "holdout": m.holdout or None,
+        "scrubbed": m.scrubbed or None,
         "eval": _read_json(RunLayout(Path(run_dir)).evaluation),
     }
 
@@ -168,6 +169,8 @@ def render(s: dict[str, Any]) -> str:
         f"  docs dropped     {sum(dropped.values())}" + _alarm(s.get("drop_rate") or {})
         + "".join(f"\n    {step:<18}{k:<29}{v}" for step, reasons in by_step(dropped).items()
                   for k, v in reasons.items()),
+        *([f"  docs scrubbed    {s['scrubbed']['docs']}  ({s['scrubbed']['addresses']} e-mail or IP addresses "
+             "replaced)"] if s.get("scrubbed") else []),
         f"  tokens           {s['tokens']}  (+{s['padding_tokens']} padding)",
         f"  sequences        {s['sequences']}  (seq_len {s['seq_len']} + 1, {s['dtype']})",
         "  partitions       " + "  ".join(

@@ -108,16 +108,20 @@ def oracle_steps(block: dict) -> tuple[list, object]:
 
 
 def oracle_chain(block: dict):
-    """datatrove's filters for ``block``, in FineWeb's order, as one function text -> (text | None, reason)."""
+    """datatrove's filters for ``block``, in FineWeb's order, as one function text -> (text | None, reason); after
+    a call its attribute ``scrubbed`` says whether datatrove's PII formatter changed the kept text."""
     from datatrove.data import Document
 
     steps, formatter = oracle_steps(block)
 
     def run(i: int, text: str) -> tuple[str | None, str | None]:
         doc = Document(text=text, id=str(i))
+        run.scrubbed = False  # type: ignore[attr-defined]
         for step in steps:
             out = step.filter(doc)
             if out is not True:  # datatrove's LanguageFilter drops with no reason of its own: Stoker says language
                 return None, (out[1] if isinstance(out, tuple) else "language")
-        return formatter.format(doc.text), None
+        formatted = formatter.format(doc.text)
+        run.scrubbed = formatted != doc.text  # type: ignore[attr-defined]
+        return formatted, None
     return run

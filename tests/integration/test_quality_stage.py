@@ -25,9 +25,10 @@ from stoker.quality import step_of
 pytestmark = pytest.mark.integration
 
 
-def _expected(docs: list[str], min_chars: int) -> tuple[list[str], Counter]:
-    """What the stage should keep (in order, after exact dedup of the final texts) and drop, by reason."""
-    theirs, dropped, kept, seen = oracle_chain(ALL_ON), Counter(), [], set()
+def _expected(docs: list[str], min_chars: int) -> tuple[list[str], Counter, int]:
+    """What the stage should keep (in order, after exact dedup of the final texts) and drop, by reason, and how many
+    of the kept documents datatrove's PII formatter changed."""
+    theirs, dropped, kept, seen, scrubbed = oracle_chain(ALL_ON), Counter(), [], set(), 0
     for i, raw in enumerate(docs):
         text = unicodedata.normalize("NFC", raw).strip()
         if not text:
@@ -44,7 +45,8 @@ def _expected(docs: list[str], min_chars: int) -> tuple[list[str], Counter]:
         else:
             seen.add(hashlib.sha256(out.encode()).digest())
             kept.append(out)
-    return kept, dropped
+            scrubbed += theirs.scrubbed
+    return kept, dropped, scrubbed
 
 
 @pytest.mark.parametrize("decided", [True, False], ids=["filtered-skipped-by-place", "filtered-again"])
@@ -72,7 +74,7 @@ def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is
     topic = f"stoker.quality.20261201.a{2 - decided}"
     m = run_job(spark, cfg, ds="2026-12-01", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
 
-    kept, dropped = _expected(docs, cfg.clean.min_chars)
+    kept, dropped, scrubbed = _expected(docs, cfg.clean.min_chars)
     assert any(("records the quality filters dropped left out by place" in r.message) == decided
                for r in caplog.records if r.message.startswith("pack pass:")), "the pack pass's skips"
     assert (m.docs_in, m.docs_kept) == (len(docs), len(kept))
@@ -110,3 +112,5 @@ def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is
     expected = [tuple(e.ids) for e in tok.encode_batch(kept, add_special_tokens=False)]
     assert Counter(published) == Counter(expected)
     assert any("email@example.com" in t for t in kept) and not any("@uni-x.edu" in t for t in kept)
+    # the documents scrubbed are counted once (the pack pass's final done records), as many as datatrove changed
+    assert m.scrubbed["docs"] == scrubbed > 0 and m.scrubbed["addresses"] >= scrubbed, (m.scrubbed, scrubbed)

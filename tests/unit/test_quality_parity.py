@@ -67,6 +67,9 @@ def test_scrubbing_replaces_public_addresses_and_keeps_private_ones():
     v = f.apply("Mail bob.smith@uni-x.edu, host 8.8.8.8, router 192.168.1.1, local 127.0.0.1.")
     assert v.text == "Mail email@example.com, host 22.214.171.124, router 192.168.1.1, local 127.0.0.1."
     assert v.scrubbed == 2
+    # an address that is its replacement already changes nothing and is not counted
+    again = f.apply(f"Mail {v.text}, or bob@uni-x.edu")
+    assert again.text == f"Mail {v.text}, or email@example.com" and again.scrubbed == 1
 
 
 def test_no_text_crashes_a_filter_and_every_drop_is_named():

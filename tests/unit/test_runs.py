@@ -16,16 +16,27 @@ def test_stage_time_spans_retries_of_one_run_and_resets_for_another(tmp_path):
     assert stage_seconds(tmp_path) == {"train": 10.0}
 
 
-def _empty_night(tmp_path):
+def _empty_night(tmp_path, **extra):
     from stoker.manifest import Manifest, PartitionRange, write_manifest
 
     m = Manifest(run_id="c/2026-12-01", corpus="c", ds="2026-12-01", topic="stoker.c.20261201.a1",
                  partitions=[PartitionRange(partition=0, start_offset=0, end_offset=0, sequences=0)],
                  seq_len=8, dtype="uint16", tokenizer_path="/t.json", tokenizer_sha256="ab" * 32, vocab_size=100,
                  docs_in=3, docs_kept=0, docs_dropped={"invalid_json": 2, "too_short": 1}, tokens=0,
-                 padding_tokens=0, sequences=0, source_uri="/drops/2026-12-01", quarantine_path="/q")
+                 padding_tokens=0, sequences=0, source_uri="/drops/2026-12-01", quarantine_path="/q", **extra)
     write_manifest(tmp_path, m)
     return m
+
+
+def test_the_scrubbed_documents_are_shown_only_when_the_night_scrubbed(tmp_path):
+    from stoker.runs import render, summary
+
+    _empty_night(tmp_path / "off")
+    assert summary(tmp_path / "off")["scrubbed"] is None and "docs scrubbed" not in render(summary(tmp_path / "off"))
+    _empty_night(tmp_path / "on", scrubbed={"docs": 2, "addresses": 3})
+    s = summary(tmp_path / "on")
+    assert s["scrubbed"] == {"docs": 2, "addresses": 3}
+    assert "  docs scrubbed    2  (3 e-mail or IP addresses replaced)" in render(s)
 
 
 def test_a_night_with_no_usable_document_skips_training_and_the_report_says_why(tmp_path):
