@@ -98,10 +98,13 @@ def _union_find(edges: list[tuple[Any, Any]]) -> dict[Any, Any]:
 
 
 def index_folder(cfg: Any) -> str:
-    """The corpus's index folder, ``quality.near_dedup.index`` expanded."""
+    """The corpus's index folder, ``quality.near_dedup.index`` expanded, as Spark names it: ``file:/abs`` for a
+    local folder, ``s3a://`` for ``s3://``, ``hdfs://`` as it is. Read and written through Hadoop's FileSystem,
+    so the index can live in the same object store or HDFS as the corpus (a Spark cluster's executors write it)."""
+    from spark_jobs.hadoop import spark_path
     from stoker.paths import expand
 
-    return expand(cfg.quality.near_dedup.index.replace("{corpus}", cfg.name))
+    return spark_path(expand(cfg.quality.near_dedup.index.replace("{corpus}", cfg.name)))
 
 
 def near_duplicates(spark, cfg: Any, index: Any, dups: Any, ds: str, persisted: list[Any]) -> Any:
@@ -139,23 +142,40 @@ def find_near_duplicates(spark, kept, ds: str, index: str | None) -> Any:
     return spark.createDataFrame(rows, "source string, pos long, reason string, detail string, raw binary")
 
 
-def _earlier_nights(spark, index: str | None, ds: str) -> Any:
-    from pathlib import Path
+def index_nights(spark, index: str) -> list[str]:
+    """The complete night folders of the index (``night=<ds>``, with Spark's ``_SUCCESS``: a write that died
+    midway is never read), listed through Hadoop's FileSystem (a local folder, S3A, HDFS), oldest first."""
+    from spark_jobs.hadoop import configure_hadoop
 
+    configure_hadoop(spark, index)
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(index)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(root):
+        return []
+    nights = [s.getPath() for s in fs.listStatus(root) if s.isDirectory()]
+    return sorted(f"{index.rstrip('/')}/{p.getName()}" for p in nights
+                  if p.getName().startswith("night=") and fs.exists(jvm.org.apache.hadoop.fs.Path(p, "_SUCCESS")))
+
+
+def _earlier_nights(spark, index: str | None, ds: str) -> Any:
     from pyspark.sql import functions as F
 
-    folders = sorted(p for p in Path(index).glob("night=*") if p.name < f"night={ds}") if index else []
+    folders = [f for f in index_nights(spark, index) if f.rsplit("/", 1)[1] < f"night={ds}"] if index else []
     if not folders:
         return None
-    frame = spark.read.schema("source string, pos long, bands array<long>").parquet(*map(str, folders))
+    frame = spark.read.schema("source string, pos long, bands array<long>").parquet(*folders)
     return frame.select(F.regexp_extract("_metadata.file_path", r"night=([0-9-]+)", 1).alias("night"),
                         "source", "pos", "bands")
 
 
 def write_index(index: Any, dropped: Any, folder: str, ds: str) -> None:
     """The night's kept documents' band keys, as the corpus index's folder ``night=<ds>`` (replaced on a re-run)."""
+    from spark_jobs.hadoop import configure_hadoop
+
     kept = index.where("reason is null and bands is not null")
     if dropped is not None:
         kept = kept.join(dropped.select("source", "pos"), ["source", "pos"], "left_anti")
     out = f"{folder.rstrip('/')}/night={ds}"
+    configure_hadoop(kept.sparkSession, folder)
     kept.select("source", "pos", "bands").coalesce(1).write.mode("overwrite").parquet(out)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from spark_jobs.hadoop import configure_hadoop, spark_path
 from spark_jobs.streams import Opener, Pin, plan_tasks, scan_batches, scan_file, task_json
-from stoker import paths
 from stoker.config import CorpusConfig
 from stoker.exceptions import ConfigError, SourceError
 
@@ -42,43 +42,13 @@ def canonical(path: str) -> str:
     return urllib.parse.unquote(path)
 
 
-def spark_path(uri: str) -> str:
-    """The name Spark and the lineage use: ``file:/abs`` for local files, ``s3a://`` for S3."""
-    if "://" not in uri:
-        return "file:" + str(paths.resolve_local(uri))
-    if uri.startswith("s3://"):
-        return "s3a://" + uri[len("s3://"):]
-    return uri
-
-
-def source_hadoop_conf(uri: str) -> dict[str, str]:
-    """Hadoop settings for reading ``uri``: S3A's endpoint and credentials (from the environment
-    the operator filled from its Airflow connection), short bounded retries for HDFS RPC."""
-    from stoker.sources import S3Settings, scheme_of
-
-    scheme = scheme_of(uri)
-    if scheme in ("s3", "s3a"):
-        return S3Settings.from_env().hadoop_conf()
-    if scheme == "hdfs":  # an unreachable NameNode fails in seconds, not after 45 s of retries
-        return {"ipc.client.connect.max.retries": "2", "ipc.client.connect.timeout": "5000",
-                "ipc.client.connect.max.retries.on.timeouts": "2", "dfs.client.retry.policy.enabled": "false"}
-    return {}
-
-
 def preflight_source(spark, cfg: CorpusConfig, uri: str) -> list[dict[str, Any]]:
     """Configure Spark's Hadoop client for the source and prove both the store's own API and Spark's
     client answer before anything is read: an unreachable store, a refused credential, a missing
     bucket or an empty drop raises a named error in seconds. Returns the data files listed."""
     from stoker.sources import S3Settings, is_data_path, open_store
 
-    hconf = spark.sparkContext._jsc.hadoopConfiguration()
-    wanted = source_hadoop_conf(uri)
-    if any(hconf.get(k) not in (None, v) for k, v in wanted.items()):
-        # Hadoop caches one FileSystem per scheme and bucket, built with the settings it first saw:
-        # in a long-lived session (notebook, tests) a changed endpoint or key must not reuse it
-        spark.sparkContext._jvm.org.apache.hadoop.fs.FileSystem.closeAll()
-    for k, v in wanted.items():
-        hconf.set(k, v)
+    configure_hadoop(spark, uri)
     store = open_store(uri, s3=S3Settings.from_env(), webhdfs_url=cfg.source.webhdfs_url)
     listed = [f for f in store.list_files(uri) if is_data_path(uri, f.uri)]
     if not listed:

@@ -333,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
              # one task per core already: the tokenizer's own thread pool would oversubscribe them
              # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
              .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false"))
-    if plan.source_uri.startswith(("s3://", "s3a://")) and "PYSPARK_GATEWAY_PORT" not in os.environ:
+    from stoker.sources import uses_s3
+
+    if uses_s3(cfg) and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # a plain `python` launch starts the JVM here; under spark-submit the operator gave --jars
         from stoker.connectors import s3a_jars
 

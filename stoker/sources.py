@@ -271,6 +271,13 @@ def scheme_of(uri: str) -> str:
     return uri.split("://", 1)[0].lower() if "://" in uri else "file"
 
 
+def uses_s3(cfg: Any) -> bool:
+    """Whether the corpus's Spark job reads or writes S3: its source, or its near-dedup index (both through the
+    source's connection, ``aws_conn_id``)."""
+    uris = [cfg.source.uri, *([cfg.quality.near_dedup.index] if cfg.quality.near_dedup.enabled else [])]
+    return any(scheme_of(u) in ("s3", "s3a") for u in uris)
+
+
 def open_store(uri: str, *, s3: S3Settings | None = None, webhdfs_url: str | None = None) -> Store:
     scheme = scheme_of(uri)
     if scheme in ("s3", "s3a"):

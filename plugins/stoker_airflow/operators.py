@@ -112,7 +112,9 @@ class TokenizePublishOperator(SparkSubmitOperator):
         self.env_vars = {**(self.env_vars or {}), "PYSPARK_PYTHON": sys.executable,
                          "PYSPARK_DRIVER_PYTHON": sys.executable}
         secrets = {"STOKER_KAFKA_CONFIG": json.dumps(hook.subprocess_config())}
-        if cfg.source.uri.startswith(("s3://", "s3a://")):
+        from stoker.sources import uses_s3
+
+        if uses_s3(cfg):  # the source or the near-dedup index
             from stoker.connectors import s3a_jars
             from stoker_airflow.hooks import s3_settings
 

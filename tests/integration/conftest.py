@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,15 @@ def small_cfg(tmp_path, sample_corpus):
     cfg.publish = dataclasses.replace(cfg.publish, spark_partitions=3)
     cfg.eval = dataclasses.replace(cfg.eval, holdout_per_mille=0)  # every kept document reaches the topic
     return cfg
+
+
+@pytest.fixture()
+def s3_env(seaweed, monkeypatch):
+    """The job reads the usual AWS environment (the operator fills it from the Airflow connection);
+    the sensor reads the connection itself."""
+    for k, v in seaweed.settings.to_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AIRFLOW_CONN_STOKER_TEST_S3", json.dumps({
+        "conn_type": "aws", "login": seaweed.access_key, "password": seaweed.secret_key,
+        "extra": {"endpoint_url": seaweed.endpoint_url, "region_name": "us-east-1"}}))
+    return seaweed

@@ -54,8 +54,11 @@ def _quarantined(run_dir: Path) -> list[dict]:
     return [json.loads(line) for f in (run_dir / "quarantine").glob("part-*.json") for line in f.open()]
 
 
+@pytest.mark.parametrize("store", ["folder", "s3"])
 def test_night_two_drops_near_copies_of_night_one_and_of_itself_and_names_each_original(
-        spark, kafka_config, small_cfg, tmp_path):
+        spark, kafka_config, small_cfg, tmp_path, request, store):
+    """``store``: the corpus's index in a local folder, or in an object store (SeaweedFS's S3) beside a corpus
+    that a Spark cluster reads there too."""
     rng = random.Random(4)
     # words of letters: the signature's simplified text spells every number 0
     vocab = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 8))) for _ in range(3000)]
@@ -66,7 +69,10 @@ def test_night_two_drops_near_copies_of_night_one_and_of_itself_and_names_each_o
     places1 = _night(tmp_path / "data" / NIGHT1, first)
     places2 = _night(tmp_path / "data" / NIGHT2, [*copies, *fresh, *twins])
 
-    block = {"near_dedup": {"enabled": True, "index": str(tmp_path / "index")}}
+    index = str(tmp_path / "index") if store == "folder" else f"s3://corpora/{tmp_path.name}/index"
+    if store == "s3":
+        request.getfixturevalue("s3_env")
+    block = {"near_dedup": {"enabled": True, "index": index}}
     cfg = dataclasses.replace(small_cfg, quality=quality(block),
                               source=dataclasses.replace(small_cfg.source, uri=str(tmp_path / "data" / "{ds}")))
     # LSH is probabilistic: a copy is caught when its signature shares a band with its original's. Which do is
@@ -92,7 +98,12 @@ def test_night_two_drops_near_copies_of_night_one_and_of_itself_and_names_each_o
             night, (f, pos) = (NIGHT1, places1[original]) if original in places1 else (NIGHT2, places2[original])
             assert named[places2[copy]].startswith(f"near-duplicate of night {night}, ")
             assert named[places2[copy]].endswith(f"{f} at {pos}"), named[places2[copy]]
-    nights = sorted(p.name for p in (tmp_path / "index").iterdir())
+    if store == "folder":
+        nights = sorted(p.name for p in (tmp_path / "index").iterdir())
+    else:  # the store's own listing
+        keys = [f.uri.removeprefix(index + "/") for f in request.getfixturevalue("s3_env").store().list_files(index)]
+        nights = sorted({k.split("/", 1)[0] for k in keys})
+        assert all(f"{n}/_SUCCESS" in keys for n in nights), keys
     assert nights == [f"night={NIGHT1}", f"night={NIGHT2}"]
-    rows = spark.read.parquet(str(tmp_path / "index" / f"night={NIGHT2}")).collect()
+    rows = spark.read.parquet(index.replace("s3://", "s3a://") + f"/night={NIGHT2}").collect()
     assert len(rows) == m2.docs_kept and Counter(len(r["bands"]) for r in rows) == {14: m2.docs_kept}

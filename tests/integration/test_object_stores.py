@@ -82,18 +82,6 @@ def _s3_cfg(cfg, conn_id: str = "aws_default"):
     return dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, aws_conn_id=conn_id))
 
 
-@pytest.fixture()
-def s3_env(seaweed, monkeypatch):
-    """The job reads the usual AWS environment (the operator fills it from the Airflow connection);
-    the sensor reads the connection itself."""
-    for k, v in seaweed.settings.to_env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AIRFLOW_CONN_STOKER_TEST_S3", json.dumps({
-        "conn_type": "aws", "login": seaweed.access_key, "password": seaweed.secret_key,
-        "extra": {"endpoint_url": seaweed.endpoint_url, "region_name": "us-east-1"}}))
-    return seaweed
-
-
 def test_s3_night_is_awaited_then_read_like_the_same_files_from_a_folder(spark, kafka_config, small_cfg, s3_env,
                                                                          tmp_path):
     root = f"s3://corpora/{tmp_path.name}/nights"

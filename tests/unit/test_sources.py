@@ -104,3 +104,16 @@ def test_connector_and_server_versions_agree_everywhere():
     for pom in ("stoker/connectors/pom.xml", "stoker_local/servers/hdfs/pom.xml"):
         text = (paths.REPO_ROOT / pom).read_text()
         assert f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in text, pom
+
+
+def test_a_corpus_needs_s3_for_its_source_or_its_near_dedup_index():
+    # the Spark job gets the S3A jars and the connection's keys for either (an index on S3 beside a local drop)
+    from stoker.config import parse_corpus
+    from stoker.sources import uses_s3
+
+    def corpus(uri: str, index: str | None) -> object:
+        quality = {"near_dedup": {"enabled": True, "index": index}} if index else {}
+        return parse_corpus({"name": "c", "source": {"uri": uri}, "tokenizer": {"path": "t.json"}, "quality": quality})
+
+    assert uses_s3(corpus("s3://b/drops/{ds}", None)) and uses_s3(corpus("/data/{ds}", "s3a://b/index"))
+    assert not uses_s3(corpus("/data/{ds}", None)) and not uses_s3(corpus("hdfs://nn/d/{ds}", "hdfs://nn/index"))
