@@ -272,11 +272,10 @@ def pack_skips(index, duplicates, by_source: dict[str, dict[str | None, int]], q
     from pyspark.sql import functions as F
 
     from spark_jobs.steps import Skips
-    from stoker.quality import step_of
+    from stoker.quality import filter_reason
 
     places = duplicates.select("source", "pos") if duplicates is not None else None
-    reasons = sorted({r for counts in by_source.values() for r in counts
-                      if r is not None and step_of(r) not in ("read", "clean", "dedup")})
+    reasons = sorted({r for counts in by_source.values() for r in counts if r is not None and filter_reason(r)})
     filtered = sum(n for counts in by_source.values() for r, n in counts.items() if r in reasons)
     decided = quality and filtered <= FILTERED_SKIPS
     if decided and reasons:

@@ -34,6 +34,12 @@ def step_of(reason: str) -> str:
     return "other"
 
 
+def filter_reason(reason: str) -> bool:
+    """Whether ``reason`` is a drop of the ``quality:`` filters (any step but reading, cleaning and dedup: an
+    unknown reason counts as one, so the pack pass never takes such a record for kept)."""
+    return step_of(reason) not in ("read", "clean", "dedup")
+
+
 def by_step(dropped: dict[str, int]) -> dict[str, dict[str, int]]:
     """A night's drop counts grouped by the step that dropped them, in the stage's order."""
     out: dict[str, dict[str, int]] = {}

@@ -68,3 +68,12 @@ def test_a_night_whose_drop_rate_jumps_above_its_recent_nights_is_flagged_and_th
     young = drop_rate_alarm({"invalid_json": 900}, 1000, usual[:2])  # too few nights to compare with
     assert young["flagged"] is False and young["recent_nights"] == 2
     assert drop_rate_alarm({}, 0, usual)["flagged"] is False  # an empty night is no jump
+
+
+def test_the_pack_pass_takes_every_reason_but_reading_cleaning_and_dedup_for_a_filters_drop():
+    from stoker.quality import filter_reason
+
+    assert all(filter_reason(r) for r in ("language", "gopher_short_doc", "top_2_gram", "curly_bracket",
+                                          "line_punct_ratio", "a_reason_of_a_later_filter"))
+    assert not any(filter_reason(r) for r in ("invalid_json", "too_short", "empty_text", "duplicate",
+                                              "near_duplicate"))
