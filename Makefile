@@ -12,8 +12,8 @@ CACHE     ?= $(HOME)/.cache/stoker
 pyconst = $(shell sed -n 's/^$(1) = "\(.*\)".*/\1/p' $(2))
 KAFKA_VER := $(call pyconst,KAFKA_VERSION,stoker_local/broker/__init__.py)
 KAFKA_DIR := $(CACHE)/kafka-$(KAFKA_VER)
-# Hadoop: the version pyspark ships; S3A's jars and the test HDFS follow it (stoker/connectors)
-HADOOP_VER := $(call pyconst,HADOOP_VERSION,stoker/connectors/__init__.py)
+# Hadoop: the version pyspark ships; S3A's jars and the test HDFS follow it (stoker/stores/connectors)
+HADOOP_VER := $(call pyconst,HADOOP_VERSION,stoker/stores/connectors/__init__.py)
 S3A_DIR   := $(CACHE)/s3a-$(HADOOP_VER)
 HDFS_DIR  := $(CACHE)/hdfs-$(HADOOP_VER)
 SEAWEEDFS_VER := $(call pyconst,SEAWEEDFS_VERSION,stoker_local/servers/__init__.py)
@@ -103,9 +103,9 @@ $(KAFKA_DIR)/.complete: stoker_local/broker/pom.xml
 
 # The S3A connector (hadoop-aws + the AWS SDK's S3 modules) for s3:// sources, per user.
 s3a-jars: $(S3A_DIR)/.complete
-$(S3A_DIR)/.complete: stoker/connectors/pom.xml
+$(S3A_DIR)/.complete: stoker/stores/connectors/pom.xml
 	@rm -rf $(S3A_DIR) && mkdir -p $(S3A_DIR)
-	mvn -q -B -f stoker/connectors/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	mvn -q -B -f stoker/stores/connectors/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
 	    -DoutputDirectory=$(S3A_DIR)/jars
 	@test -n "$$(ls $(S3A_DIR)/jars/hadoop-aws-$(HADOOP_VER).jar)"
 	@touch $@
@@ -141,7 +141,7 @@ test-quick: venv
 
 # docs/config.md from the config dataclasses' docstrings (a unit test fails when it drifts)
 docs: venv
-	$(BIN)/python -m stoker.reference
+	$(BIN)/python -m stoker.config.reference
 
 lint: venv
 	$(BIN)/ruff check stoker stoker_local spark_jobs plugins dags training tests bench

@@ -6,7 +6,7 @@
 
 Batches come from an in-memory store: random documents (ids in [2, vocab), lengths ~ exponential
 with mean seq_len/3) packed by the publisher's own Packer, encoded in the Kafka wire format
-(stoker.records), then decoded and batched by the trainer's path (records.decode, make_batch,
+(stoker.run.records), then decoded and batched by the trainer's path (records.decode, make_batch,
 to_tensors); the host time of that is the data wait. Each stage builds the recipe's model
 (build_model), initialises DeepSpeed with the trainer's ds_config (zero_stage overridden), and runs
 the trainer's micro-step: forward with per-document position_ids, loss_sum, backward of loss/tokens,
@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from spark_jobs.steps import Packer
-from stoker import records
-from stoker.recipes import get_recipe, with_overrides
+from stoker.config.recipes import get_recipe, with_overrides
+from stoker.run import records
 from training.data.batch import make_batch
 from training.trainer import ds_config, loss_sum, to_tensors
 

@@ -53,7 +53,7 @@ def interleaved(recipes: list[object], steps: int) -> list[tuple[float, int]]:
 def main() -> None:
     import torch
 
-    from stoker.recipes import ModelShape, TrainRecipe, debug_cpu
+    from stoker.config.recipes import ModelShape, TrainRecipe, debug_cpu
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)

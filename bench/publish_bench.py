@@ -21,9 +21,11 @@ import subprocess
 import sys
 import time
 
-from stoker import kafka as skafka
-from stoker import paths, records
+from stoker import paths
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
 from stoker.layout import tasks_topic
+from stoker.run import records
 from stoker_local import broker, sample
 
 PRODUCER = {"acks": "all", "enable.idempotence": "true", "compression.type": "zstd", "linger.ms": "20",
@@ -91,8 +93,8 @@ def main() -> int:
     stamp = time.time_ns()
     topics = [f"stoker.bench.publish.{stamp}", f"stoker.bench.perf.{stamp}"]
     for t in topics:
-        skafka.recreate_topic(config, t, 4, 1, {"compression.type": "producer"})
-    skafka.recreate_topic(config, tasks_topic(topics[0]), 1, 1, {})
+        koffsets.recreate_topic(config, t, 4, 1, {"compression.type": "producer"})
+    koffsets.recreate_topic(config, tasks_topic(topics[0]), 1, 1, {})
     stoker_s = stoker_publish(config, topics[0], seqs, run_id)
     kafka_s, line = kafka_producer_performance(b.bootstrap, topics[1], args.records, size)
     mb = args.records * size / 1e6
@@ -103,7 +105,7 @@ def main() -> int:
     print(f"kafka ProducerPerformance: {kafka_s:6.1f} s  {args.records / kafka_s:9,.0f} records/s  "
           f"{mb / kafka_s:7.1f} MB/s  ({line})")
     print(f"ratio stoker / kafka     : {kafka_s / stoker_s:.2f}x")
-    skafka.delete_topics(config, [*topics, tasks_topic(topics[0])])
+    ktopics.delete_topics(config, [*topics, tasks_topic(topics[0])])
     return 0
 
 

@@ -28,10 +28,10 @@ import threading
 import time
 from pathlib import Path
 
-from stoker import kafka as skafka
 from stoker import paths
+from stoker.kafka import topics as ktopics
 from stoker.layout import RunLayout, tasks_topic
-from stoker.plan import plan_run
+from stoker.run.plan import plan_run
 from stoker_local import broker, sample
 
 
@@ -180,7 +180,7 @@ class PeakRss(threading.Thread):
 def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str,
               extra: dict | None = None) -> tuple[dict, float, int, str]:
     """``spark-submit`` of the stage with the operator's defaults; ``extra``: more of the corpus's config."""
-    from stoker_airflow.operators import default_spark_conf
+    from stoker_airflow.operators.publish import default_spark_conf
 
     corpus = workdir / "bench.yaml"
     corpus.write_text(json.dumps({
@@ -205,7 +205,7 @@ def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: 
         sys.exit("tokenize_publish failed:\n" + "\n".join(errors) + "\n...\n" + out[-3000:])
     manifest = json.loads(RunLayout(workdir / f"run-{fmt}").manifest.read_text())
     # a GB of records in the broker's log otherwise stays there until its retention (7 days) ends
-    skafka.delete_topics({"bootstrap.servers": bootstrap}, [manifest["topic"], tasks_topic(manifest["topic"])])
+    ktopics.delete_topics({"bootstrap.servers": bootstrap}, [manifest["topic"], tasks_topic(manifest["topic"])])
     return manifest, seconds, peak, out
 
 

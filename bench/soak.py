@@ -52,9 +52,10 @@ from trainer_tools import (  # noqa: E402
     publish_run,
 )
 
-from stoker import paths, records  # noqa: E402
+from stoker import paths  # noqa: E402
 from stoker.layout import RunLayout, TrainerFiles, complete_checkpoints  # noqa: E402
-from stoker.manifest import read_manifest  # noqa: E402
+from stoker.run import records  # noqa: E402
+from stoker.run.manifest import read_manifest  # noqa: E402
 
 PUBLISH_FAULTS = ("worker", "job", "committed", "leader", "coordinator")
 FAULTS = (*PUBLISH_FAULTS, "trainer")

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker import kafka as skafka
-from stoker import records
-from stoker.manifest import Manifest, PartitionRange
-from stoker.records import PackedSequence
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.run import records
+from stoker.run.manifest import Manifest, PartitionRange
+from stoker.run.records import PackedSequence
 from stoker_local import broker as stack
 from training.data.batch import make_batch
 from training.data.kafka_source import KafkaTokenSource
@@ -30,7 +31,7 @@ from training.data.kafka_source import KafkaTokenSource
 def publish(config: dict, topic: str, data: np.ndarray, partitions: int) -> Manifest:
     from confluent_kafka import Producer
 
-    skafka.recreate_topic(config, topic, partitions)
+    koffsets.recreate_topic(config, topic, partitions)
     producer = Producer({**config, "transactional.id": topic, "acks": "all", "compression.type": "zstd",
                          "linger.ms": 20})
     producer.init_transactions(30)
@@ -48,7 +49,7 @@ def publish(config: dict, topic: str, data: np.ndarray, partitions: int) -> Mani
                 producer.poll(0.2)
         counts[p] += 1
     producer.commit_transaction(60)
-    ends = skafka.stable_end_offsets(config, topic)
+    ends = koffsets.stable_end_offsets(config, topic)
     seq_len = data.shape[1] - 1
     return Manifest(run_id="bench", corpus="bench", ds="2026-12-02", topic=topic,
                     partitions=[PartitionRange(partition=p, start_offset=0, end_offset=ends[p], sequences=counts[p])
@@ -107,7 +108,7 @@ def main() -> None:
     print(f"numpy memmap reader  : {n_mm / t_mm:14,.0f} tokens/s  ({t_mm:.2f} s)")
     print(f"KafkaTokenSource     : {n_kf / t_kf:14,.0f} tokens/s  ({t_kf:.2f} s)")
     print(f"ratio kafka / memmap : {t_mm / t_kf:.2f}x")
-    skafka.delete_topics(config, [m.topic])
+    ktopics.delete_topics(config, [m.topic])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from stoker import paths
-from stoker.config import load_corpus
+from stoker.config.corpus import load_corpus
 from stoker_local.servers import MiniHdfs, SeaweedS3
 
 
@@ -51,7 +51,7 @@ def main() -> int:
     args = ap.parse_args()
     from pyspark.sql import SparkSession
 
-    from stoker.connectors import s3a_jars
+    from stoker.stores.connectors import s3a_jars
 
     files = drop(args.copies)
     mb = sum(map(len, files.values())) / 1e6

@@ -13,15 +13,18 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from stoker import paths
-from stoker.config import CorpusConfig, load_each
+from stoker.config.corpus import CorpusConfig, load_each
 from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, line_pool, topic_prefix
-from stoker.plan import RUN_PARAMS, refresh_dag
+from stoker.run.plan import RUN_PARAMS, refresh_dag
 from stoker_airflow.callbacks import stage_finished, stage_started
-from stoker_airflow.evaluation import NightEvalOperator
-from stoker_airflow.operators import DeepSpeedTrainOperator, RunReportOperator, TokenizePublishOperator
-from stoker_airflow.review import NightReviewOperator
-from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor, SourceReadySensor
+from stoker_airflow.operators.evaluate import NightEvalOperator
+from stoker_airflow.operators.publish import TokenizePublishOperator
+from stoker_airflow.operators.report import RunReportOperator
+from stoker_airflow.operators.review import NightReviewOperator
+from stoker_airflow.operators.train import DeepSpeedTrainOperator
+from stoker_airflow.sensors.kafka import KafkaLagSensor, KafkaPublishedSensor
+from stoker_airflow.sensors.source import SourceReadySensor
 
 # The run's date: the logical date, or the run_after date of a run triggered without one.
 _WHEN = "(dag_run.logical_date or dag_run.run_after)"  # `logical_date` is undefined without one
@@ -55,7 +58,7 @@ Print a run's summary with `stoker runs show {name}/<date>`.
 
 
 def _params(cfg: CorpusConfig) -> dict[str, Param]:
-    """The run params (``stoker.plan.RUN_PARAMS``) as the trigger form's fields; the publish task applies
+    """The run params (``stoker.run.plan.RUN_PARAMS``) as the trigger form's fields; the publish task applies
     them to the corpus config and validates the whole (its run plan)."""
     out = {}
     for p in RUN_PARAMS:
@@ -198,7 +201,7 @@ def config_errors_dag(errors: list[str]) -> DAG:
 
 def recipe_error(cfg: CorpusConfig) -> str | None:
     """The corpus's ``train.recipe`` must be a built-in or a valid ``corpora/recipes/<name>.yaml``."""
-    from stoker.recipes import get_recipe
+    from stoker.config.recipes import get_recipe
 
     try:
         get_recipe(cfg.train.recipe)

@@ -18,7 +18,8 @@ def spark_path(uri: str) -> str:
 def source_hadoop_conf(uri: str) -> dict[str, str]:
     """Hadoop settings for reading ``uri``: S3A's endpoint and credentials (from the environment
     the operator filled from its Airflow connection), short bounded retries for HDFS RPC."""
-    from stoker.sources import S3Settings, scheme_of
+    from stoker.stores.drops import scheme_of
+    from stoker.stores.s3 import S3Settings
 
     scheme = scheme_of(uri)
     if scheme in ("s3", "s3a"):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from spark_jobs.punctuation import PUNCTUATION
-from stoker.quality import NearDedupConfig
+from stoker.config.quality import NearDedupConfig
 
 MERSENNE = np.uint64((1 << 61) - 1)
 NEAR_DUPLICATE = "near_duplicate"

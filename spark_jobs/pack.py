@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stoker.client_config import with_password_file
-from stoker.config import CorpusConfig
+from stoker.config.corpus import CorpusConfig
+from stoker.kafka.settings import with_password_file
 
 ENCODE_BATCH = 1024
 """Documents a pack task hands the tokenizer at once."""
@@ -32,7 +32,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         from spark_jobs.quality import filters_for
         from spark_jobs.steps import Packer, kept_texts
         from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
-        from stoker.holdout import HoldoutPart
+        from stoker.run.holdout import HoldoutPart
 
         ctx = TaskContext.get()
         assert ctx is not None, "runs inside a Spark task"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stoker.manifest import atomic_write_json
+from stoker.files import atomic_write_json
 
 log = logging.getLogger("stoker.tokenize_publish")
 

@@ -33,10 +33,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stoker import records
-from stoker.kafka_clients import Role
-from stoker.kafka_clients import consumer as kafka_consumer
+from stoker.kafka.clients import Role
+from stoker.kafka.clients import consumer as kafka_consumer
 from stoker.layout import tasks_topic
+from stoker.run import records
 
 TX_INIT_TIMEOUT_S = 120.0
 
@@ -86,7 +86,7 @@ class InjectedFailure(RuntimeError):
 
 
 def _producer(config: Mapping[str, Any], transactional_id: str, compression: str, tx_timeout_ms: int):
-    from stoker.kafka_clients import producer
+    from stoker.kafka.clients import producer
 
     return producer(config, **{"transactional.id": transactional_id, "compression.type": compression,
                                "transaction.timeout.ms": tx_timeout_ms})
@@ -122,7 +122,7 @@ def read_settled(config: Mapping[str, Any], topic: str, partition: int, timeout:
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     from stoker.exceptions import KafkaTimeout, StokerError
-    from stoker.kafka import end_offsets
+    from stoker.kafka.offsets import end_offsets
 
     high = end_offsets(config, topic, committed_only=False)[partition]
     if high == 0:
@@ -259,7 +259,7 @@ def verify_published(config: Mapping[str, Any], topic: str, summaries: list[Task
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     from stoker.exceptions import KafkaTimeout, StokerError
-    from stoker.kafka import stable_end_offsets
+    from stoker.kafka.offsets import stable_end_offsets
 
     ends = stable_end_offsets(config, topic)
     seen = {s.spark_partition: np.zeros(s.sequences, dtype=np.uint8) for s in summaries}

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from spark_jobs.punctuation import PUNCTUATION, TERMINAL_PUNCTUATION
-from stoker.quality import QualityConfig
+from stoker.config.quality import QualityConfig
 
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
 TOP_N_GRAMS = ((2, 0.2), (3, 0.18), (4, 0.16))

@@ -8,8 +8,8 @@ import bisect
 from pathlib import Path
 from typing import Any
 
+from stoker.files import atomic_write_json
 from stoker.layout import RunLayout
-from stoker.manifest import atomic_write_json
 
 SAMPLES_PER_REASON = 3
 """Quarantined records shown per reason on the run's page."""

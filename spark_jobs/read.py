@@ -14,7 +14,7 @@ from typing import Any
 
 from spark_jobs.hadoop import configure_hadoop, spark_path
 from spark_jobs.streams import Opener, Pin, plan_tasks, scan_batches, scan_file, task_json
-from stoker.config import CorpusConfig
+from stoker.config.corpus import CorpusConfig
 from stoker.exceptions import ConfigError, SourceError
 
 log = logging.getLogger("stoker.tokenize_publish")
@@ -46,7 +46,9 @@ def preflight_source(spark, cfg: CorpusConfig, uri: str) -> list[dict[str, Any]]
     """Configure Spark's Hadoop client for the source and prove both the store's own API and Spark's
     client answer before anything is read: an unreachable store, a refused credential, a missing
     bucket or an empty drop raises a named error in seconds. Returns the data files listed."""
-    from stoker.sources import S3Settings, is_data_path, open_store
+    from stoker.stores.drops import open_store
+    from stoker.stores.local import is_data_path
+    from stoker.stores.s3 import S3Settings
 
     configure_hadoop(spark, uri)
     store = open_store(uri, s3=S3Settings.from_env(), webhdfs_url=cfg.source.webhdfs_url)
@@ -75,7 +77,8 @@ def opener_for(cfg: CorpusConfig, files: list[dict[str, Any]] | None = None) -> 
     """The store's settings for the tasks: S3 from this driver's environment (the operator filled it
     from the Airflow connection), WebHDFS from the corpus config; each listed file pinned to what the
     listing saw (size, mtime, ETag)."""
-    from stoker.sources import S3Settings, scheme_of
+    from stoker.stores.drops import scheme_of
+    from stoker.stores.s3 import S3Settings
 
     s3 = S3Settings.from_env() if scheme_of(cfg.source.uri) in ("s3", "s3a") else None
     pins = {f["path"]: Pin(int(f["bytes"]), f.get("mtime"), f.get("etag")) for f in files or []}
@@ -272,7 +275,7 @@ def pack_skips(index, duplicates, by_source: dict[str, dict[str | None, int]], q
     from pyspark.sql import functions as F
 
     from spark_jobs.steps import Skips
-    from stoker.quality import filter_reason
+    from stoker.run.reasons import filter_reason
 
     places = duplicates.select("source", "pos") if duplicates is not None else None
     reasons = sorted({r for counts in by_source.values() for r in counts if r is not None and filter_reason(r)})

@@ -126,8 +126,8 @@ def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, ma
     addresses the scrubbing replaced in each): the
     records cleaned again and kept, less those in ``skip`` (the duplicates, by place, and with ``decided`` every
     record the quality filters dropped, so the others need only their text changes). A text is held out by its
-    digest (:func:`stoker.holdout.held_out`), computed only when something is held out."""
-    from stoker.holdout import held_out
+    digest (:func:`stoker.run.holdout.held_out`), computed only when something is held out."""
+    from stoker.run.holdout import held_out
 
     texts: list[str] = []
     sources: list[str] = []

@@ -92,7 +92,7 @@ class Opener:
     configuration Spark ships with each task), not through the executors' environment."""
 
     s3: Any = None
-    """:class:`stoker.sources.S3Settings` for s3:// sources."""
+    """:class:`stoker.stores.s3.S3Settings` for s3:// sources."""
     webhdfs_url: str | None = None
     """hdfs:// sources are streamed through WebHDFS (``source.webhdfs_url``, else <namenode>:9870)."""
     pins: dict[str, Pin] = field(default_factory=dict)
@@ -116,7 +116,7 @@ class Opener:
         if scheme == "hdfs":
             import urllib.request
 
-            from stoker.hdfs import HdfsStore
+            from stoker.stores.hdfs import HdfsStore
 
             store = HdfsStore(self.webhdfs_url)
             if pin is not None:
@@ -129,7 +129,7 @@ class Opener:
     def _open_s3(self, path: str, start: int, pin: Pin | None) -> BinaryIO:
         from botocore.exceptions import ClientError
 
-        from stoker.sources import S3Settings, S3Store, split_s3
+        from stoker.stores.s3 import S3Settings, S3Store, split_s3
 
         bucket, key = split_s3(path)
         client = S3Store(self.s3 or S3Settings.from_env()).client

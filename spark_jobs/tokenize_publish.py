@@ -1,7 +1,7 @@
 """Spark application: read → validate → normalise → dedup → tokenise → pack → publish → manifest.
 
 Submitted with ``spark-submit spark_jobs/tokenize_publish.py --plan <run folder>/plan.json``
-(Airflow's ``tokenize_publish`` task writes the plan, ``stoker.plan``, and submits through
+(Airflow's ``tokenize_publish`` task writes the plan, ``stoker.run.plan``, and submits through
 ``spark_default``). Kafka's client config
 comes from ``$STOKER_KAFKA_CONFIG`` (JSON), never from the command line, so secrets stay out of
 process listings.
@@ -30,14 +30,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stoker import holdout, paths, records
-from stoker import kafka as skafka
-from stoker.client_config import config_from_env, with_password_file
-from stoker.config import CorpusConfig
+from stoker import paths
+from stoker.config.corpus import CorpusConfig
 from stoker.exceptions import ConfigError
+from stoker.files import sha256_file
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.kafka.settings import config_from_env, with_password_file
 from stoker.layout import RunLayout, tasks_topic
-from stoker.manifest import Manifest, PartitionRange, sha256_file, write_manifest
-from stoker.plan import read_plan
+from stoker.run import holdout, records
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
+from stoker.run.plan import read_plan
 
 log = logging.getLogger("stoker.tokenize_publish")
 
@@ -118,7 +121,7 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
 
     tok = load_tokenizer(tok_path)
     vocab, (eos, pad) = tok.get_vocab_size(), special_ids(tok, cfg.tokenizer, tok_path)
-    skafka.check_reachable(kafka_config)
+    ktopics.check_reachable(kafka_config)
     listed = preflight_source(spark, cfg, uri)
     t0 = time.monotonic()
     files = scan(spark, listed, opener_for(cfg, listed), cfg.source.format)
@@ -180,9 +183,9 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
     # same name (a re-run date, a reset metadata DB) and must not mix with this run's sequences.
     feed = feeds(spark, cfg, inputs.files)[0]
     done_parts = task_partitions(feed.frame.rdd.getNumPartitions())
-    skafka.recreate_topic(kafka_config, topic, cfg.topic.partitions, cfg.topic.replication_factor,
+    koffsets.recreate_topic(kafka_config, topic, cfg.topic.partitions, cfg.topic.replication_factor,
                           cfg.topic.settings())
-    skafka.recreate_topic(kafka_config, tasks_topic(topic), done_parts, cfg.topic.replication_factor,
+    koffsets.recreate_topic(kafka_config, tasks_topic(topic), done_parts, cfg.topic.replication_factor,
                           {"min.insync.replicas": str(cfg.topic.min_insync_replicas)})
     skips, decided = pack_skips(staged.index, staged.duplicates, staged.by_source, cfg.quality.active)
     log.info("pack pass: %d %s left out by place", len(skips),
@@ -211,8 +214,8 @@ def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInp
     for s in summaries:
         for k, v in s.per_partition.items():
             per_part[int(k)] += v
-    ends = skafka.stable_end_offsets(kafka_config, topic)
-    starts = skafka.start_offsets(kafka_config, topic)
+    ends = koffsets.stable_end_offsets(kafka_config, topic)
+    starts = koffsets.start_offsets(kafka_config, topic)
     return Manifest(
         run_id=inputs.run_id, corpus=cfg.name, ds=ds, topic=topic,
         partitions=[PartitionRange(partition=p, start_offset=starts[p], end_offset=ends[p], sequences=per_part[p])
@@ -301,7 +304,7 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--plan", required=True, help="the run plan (<run folder>/plan.json, stoker.plan.RunPlan): the "
+    ap.add_argument("--plan", required=True, help="the run plan (<run folder>/plan.json, stoker.run.plan.RunPlan): the "
                     "corpus config with the run's params, its date and topic; the manifest and quarantine go "
                     "next to it")
     ap.add_argument("--secrets-file", help="a JSON object of environment entries (the Kafka client config, S3 "
@@ -333,11 +336,11 @@ def main(argv: list[str] | None = None) -> int:
              # one task per core already: the tokenizer's own thread pool would oversubscribe them
              # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
              .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false"))
-    from stoker.sources import uses_s3
+    from stoker.stores.drops import uses_s3
 
     if uses_s3(cfg) and "PYSPARK_GATEWAY_PORT" not in os.environ:
         # a plain `python` launch starts the JVM here; under spark-submit the operator gave --jars
-        from stoker.connectors import s3a_jars
+        from stoker.stores.connectors import s3a_jars
 
         builder = builder.config("spark.jars", ",".join(str(j) for j in s3a_jars()))
     spark = builder.getOrCreate()

@@ -119,13 +119,13 @@ class TrainerFiles:
 
     @property
     def replay(self) -> Path:
-        """``train.replay``: the rows drawn from the line's earlier nights (stoker/replay.py); the trainer mixes
+        """``train.replay``: the rows drawn from the line's earlier nights (stoker/lines/replay.py); the trainer mixes
         them in when the file is there."""
         return self.folder / "replay.npz"
 
     @property
     def replay_store(self) -> Path:
-        """The night's own rows it leaves to its line's replay store (stoker/replay.py ``keep_store``)."""
+        """The night's own rows it leaves to its line's replay store (stoker/lines/replay.py ``keep_store``)."""
         return self.folder / "replay_store.npz"
 
     @property
@@ -146,7 +146,7 @@ class TrainerFiles:
 
     @property
     def parent(self) -> Path:
-        """The model this trainer's night continues (``stoker.lines.Parent``), fixed at its first launch
+        """The model this trainer's night continues (``stoker.lines.nights.Parent``), fixed at its first launch
         so that every retry of the night starts from the same model."""
         return self.folder / "parent.json"
 
@@ -197,7 +197,7 @@ class RunLayout:
 
     @property
     def plan(self) -> Path:
-        """The run plan (``stoker.plan.RunPlan``): the corpus config with the run's params, written before Spark."""
+        """The run plan (``stoker.run.plan.RunPlan``): the corpus config with the run's params, written before Spark."""
         return self.run_dir / "plan.json"
 
     @property
@@ -211,7 +211,7 @@ class RunLayout:
 
     @property
     def holdout(self) -> Path:
-        """The night's held-out documents, packed (stoker.holdout): one file per pack task."""
+        """The night's held-out documents, packed (stoker.run.holdout): one file per pack task."""
         return self.run_dir / "holdout"
 
     @property
@@ -282,7 +282,7 @@ class NightFiles:
 
     @property
     def holdout(self) -> Path:
-        """The night's held-out documents (stoker.holdout), kept with it: later nights measure on them what
+        """The night's held-out documents (stoker.run.holdout), kept with it: later nights measure on them what
         they cost the earlier data."""
         return self.folder / "holdout"
 

@@ -19,9 +19,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stoker import paths, runs
+from stoker import paths
 from stoker.exceptions import StokerError
-from stoker.plan import corpus_of
+from stoker.reports import runs
+from stoker.run.plan import corpus_of
 from stoker_local import broker as kbroker
 from stoker_local.refresh import refresh
 
@@ -96,7 +97,7 @@ def backfill_limits(argv: list[str]) -> list[str]:
     if not dag_id or corpus_of(dag_id) is None:
         return argv
     from stoker import paths
-    from stoker.config import load_all
+    from stoker.config.corpus import load_all
 
     limit = next((c.schedule.max_active_runs for c in load_all(paths.corpora_dir())
                   if c.name == corpus_of(dag_id)), None)
@@ -137,7 +138,7 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _runs_list(args: argparse.Namespace) -> int:
-    from stoker import catalog
+    from stoker.reports import catalog
 
     rows = catalog.list_runs()
     print(json.dumps(rows, indent=2) if args.json else catalog.render_runs(rows))
@@ -145,7 +146,7 @@ def _runs_list(args: argparse.Namespace) -> int:
 
 
 def _lines(args: argparse.Namespace) -> int:
-    from stoker import catalog
+    from stoker.reports import catalog
 
     rows = catalog.line_nights(args.line)
     print(json.dumps(rows, indent=2) if args.json else catalog.render_line(args.line, rows))
@@ -155,8 +156,8 @@ def _lines(args: argparse.Namespace) -> int:
 def _decide(args: argparse.Namespace) -> int:
     import getpass
 
-    from stoker.gate import human_decision
     from stoker.layout import LineLayout
+    from stoker.lines.gate import human_decision
 
     ds, _, corpus = args.night.partition(".")
     decision = human_decision(LineLayout.of(args.line), ds, corpus or args.line, args.choice,
@@ -166,8 +167,8 @@ def _decide(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from stoker import check
-    from stoker.sources import S3Settings
+    from stoker.reports import check
+    from stoker.stores.s3 import S3Settings
 
     conn = os.environ.get("AIRFLOW_CONN_KAFKA_DEFAULT")
     kafka = json.loads(conn).get("extra") if conn else kbroker.default_broker().client_config()
@@ -177,7 +178,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from stoker import gc
+    from stoker.reports import gc
 
     try:
         plan = gc.plan_gc(args.keep_runs, args.keep_checkpoints, args.keep_nights)
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_commands(sub: Any) -> None:
     """refresh, check, gc, runs, lines: a corpus's nights and what they left."""
-    from stoker.gate import CHOICES  # what a person may decide on a gated night: one list for both commands
+    from stoker.lines.gate import CHOICES  # what a person may decide on a gated night: one list for both commands
 
     r = sub.add_parser("refresh", help="run one refresh of a corpus through Airflow")
     r.add_argument("corpus")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stoker.layout import RunLayout
-from stoker.manifest import read_manifest
+from stoker.run.manifest import read_manifest
 
 STAGES = ("await_source", "tokenize_publish", "await_published", "train", "await_consumed", "evaluate", "report")
 STAGE_TEXT = {

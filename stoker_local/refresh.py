@@ -16,17 +16,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stoker import paths, runs
+from stoker import paths
 from stoker.exceptions import StokerError
 from stoker.layout import RunLayout
-from stoker.plan import refresh_dag
+from stoker.reports import runs
+from stoker.run.plan import refresh_dag
 from stoker_local import broker as kbroker
 
 
 def run_conf(corpus: str, ds: str, given: list[str]) -> dict[str, Any]:
     """``--param NAME=VALUE`` as the Airflow run's conf, checked now as the publish task will (the run plan):
     a bad name or value fails before the broker or Airflow start."""
-    from stoker.plan import plan_run
+    from stoker.run.plan import plan_run
 
     conf: dict[str, Any] = {}
     for item in given:
@@ -94,11 +95,11 @@ def apply_decision(run: RunLayout, choice: str) -> None:
     the terminal; the figures that stopped it were printed with the summary."""
     import getpass
 
-    from stoker.gate import human_decision
     from stoker.layout import LineLayout
-    from stoker.lines import read_night
-    from stoker.manifest import read_manifest
-    from stoker.plan import read_plan
+    from stoker.lines.gate import human_decision
+    from stoker.lines.nights import read_night
+    from stoker.run.manifest import read_manifest
+    from stoker.run.plan import read_plan
 
     if not run.evaluation.is_file():
         return
@@ -176,9 +177,9 @@ def refresh_env(log: Path) -> dict[str, str]:
 def give_back_line_lease(corpus: str, ds: str) -> None:
     """An interrupted test run leaves its task `running` in the database (no scheduler marks it over): the
     line's training lease it holds would keep the line's next night waiting, so it is given back here."""
-    from stoker.config import load_corpus
+    from stoker.config.corpus import load_corpus
     from stoker.layout import LineLayout
-    from stoker.lease import give_back_lease, lease_holder
+    from stoker.lines.lease import give_back_lease, lease_holder
 
     try:
         line = LineLayout.of(load_corpus(paths.corpora_dir() / f"{corpus}.yaml").train.line)

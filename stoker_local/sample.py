@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from stoker.manifest import atomic_write_json, sha256_file
+from stoker.files import atomic_write_json, sha256_file
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"

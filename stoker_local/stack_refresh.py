@@ -86,7 +86,7 @@ before its worker's exit was reported, and the scheduler failed the task)."""
 def answer_review(api: StackApi, dag: str, run_id: str, choice: str, say: Callable[[str], None]) -> bool:
     """The run's review step waiting for a person (the gate held the night, the run's ``eval.review`` is ask):
     the terminal's ``--decision`` answers it through the REST API, as a person would in the UI."""
-    from stoker.gate import REVIEW_OPTIONS, REVIEW_TASK
+    from stoker.lines.gate import REVIEW_OPTIONS, REVIEW_TASK
 
     tis = api.call("GET", f"/dags/{dag}/dagRuns/{run_id}/taskInstances")["task_instances"]
     if not any(t["task_id"] == REVIEW_TASK and t["state"] == "awaiting_input" for t in tis):

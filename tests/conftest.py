@@ -69,12 +69,12 @@ def _rank(path: str) -> int:
 @pytest.fixture(scope="session")
 def kafka_config() -> dict[str, str]:
     """A reachable Kafka cluster's client config; starts the embedded broker when none is given."""
-    from stoker import kafka as skafka
+    from stoker.kafka import topics as ktopics
     from stoker_local import broker as stack
 
     if os.environ.get("STOKER_KAFKA_BOOTSTRAP"):
         config = {"bootstrap.servers": os.environ["STOKER_KAFKA_BOOTSTRAP"]}
-        skafka.check_reachable(config)
+        ktopics.check_reachable(config)
         yield config
         return
     broker = stack.Broker(home=TEST_STATE / "kafka", port=TEST_KAFKA_PORT)
@@ -129,7 +129,7 @@ def airflow_db() -> Path:
 def spark():
     from pyspark.sql import SparkSession
 
-    from stoker.connectors import s3a_jars
+    from stoker.stores.connectors import s3a_jars
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2,4]").appName("stoker-tests")

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from stoker import kafka as skafka
+from stoker.kafka import clients
 from stoker_local import broker as stack
 from stoker_local.servers import free_ports
 
@@ -105,7 +105,7 @@ class ComposeCluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if len(skafka.admin(self.client).list_topics(timeout=5).brokers) == n:
+                if len(clients.admin(self.client).list_topics(timeout=5).brokers) == n:
                     return
             except Exception:  # noqa: BLE001 - the quorum is still forming
                 pass
@@ -129,22 +129,22 @@ class ComposeCluster:
             time.sleep(1)
 
     def fully_replicated(self) -> bool:
-        md = skafka.admin(self.client).list_topics(timeout=10)
+        md = clients.admin(self.client).list_topics(timeout=10)
         return all(len(p.isrs) == len(p.replicas) for t in md.topics.values() for p in t.partitions.values())
 
     def leader(self, topic: str, partition: int = 0) -> str:
         """The node that leads ``topic``'s partition."""
-        md = skafka.admin(self.client).list_topics(topic, timeout=10)
+        md = clients.admin(self.client).list_topics(topic, timeout=10)
         return self.ids[md.topics[topic].partitions[partition].leader]
 
     def coordinator(self, key: str, internal_topic: str) -> str:
         """The node that coordinates a transactional id (``__transaction_state``) or a consumer group
         (``__consumer_offsets``): the leader of the partition Kafka hashes ``key`` to."""
-        md = skafka.admin(self.client).list_topics(internal_topic, timeout=10)
+        md = clients.admin(self.client).list_topics(internal_topic, timeout=10)
         return self.leader(internal_topic, _java_abs(_java_hash(key)) % len(md.topics[internal_topic].partitions))
 
     def stop(self) -> None:
-        from stoker.kafka_clients import forget_admins
+        from stoker.kafka.clients import forget_admins
 
         forget_admins(self.client["bootstrap.servers"])  # else they reconnect to the stopped nodes until the end
         for pr in self.procs.values():

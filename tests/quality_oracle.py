@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datatrove.pipeline.filters import LanguageFilter
 
-from stoker.config import parse_corpus
-from stoker.quality import QualityConfig
+from stoker.config.corpus import parse_corpus
+from stoker.config.quality import QualityConfig
 
 ALL_ON = {"language_id": {"enabled": True}, "gopher_repetition": {"enabled": True},
           "gopher_quality": {"enabled": True}, "c4": {"enabled": True}, "fineweb": {"enabled": True},

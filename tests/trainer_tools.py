@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker import kafka as skafka
-from stoker import paths, records
-from stoker.manifest import Manifest, PartitionRange, write_manifest
+from stoker import paths
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.run import records
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 from stoker_local import broker
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +31,7 @@ def publish_run(config: dict, tokenizer: Path, out: Path, *, partitions: int = 4
     from confluent_kafka import Producer
 
     topic = f"stoker.{name}.{time.time_ns()}.a1"
-    skafka.create_topic(config, topic, partitions, replication,
+    ktopics.create_topic(config, topic, partitions, replication,
                         {"min.insync.replicas": str(min(2, replication))})
     producer = Producer({**config, "transactional.id": topic, "acks": "all"})
     producer.init_transactions(30)
@@ -43,7 +45,7 @@ def publish_run(config: dict, tokenizer: Path, out: Path, *, partitions: int = 4
                          headers=records.encode_headers("t/2026-12-01", "uint16", doc_starts=[0, 11]))
         counts[p] += 1
     producer.commit_transaction(30)
-    ends = skafka.stable_end_offsets(config, topic)
+    ends = koffsets.stable_end_offsets(config, topic)
     m = Manifest(run_id="t/2026-12-01", corpus="t", ds="2026-12-01", topic=topic,
                  partitions=[PartitionRange(partition=p, start_offset=0, end_offset=ends[p], sequences=counts[p])
                              for p in range(partitions)],
@@ -69,7 +71,7 @@ def publish_text_run(config: dict, tokenizer: Path, texts: list[str], out: Path,
     ids = [i for e in tok.encode_batch(texts, add_special_tokens=False) for i in [*e.ids, eos]]
     rows = [ids[i:i + seq_len + 1] for i in range(0, len(ids) - seq_len, seq_len + 1)][:max_sequences]
     topic = f"stoker.{corpus}.{ds.replace('-', '')}.{time.time_ns()}"
-    skafka.create_topic(config, topic, partitions, 1, {})
+    ktopics.create_topic(config, topic, partitions, 1, {})
     producer = Producer({**config, "transactional.id": topic, "acks": "all"})
     producer.init_transactions(30)
     producer.begin_transaction()
@@ -83,8 +85,8 @@ def publish_text_run(config: dict, tokenizer: Path, texts: list[str], out: Path,
                          headers=records.encode_headers(f"{corpus}/{ds}", "uint16", doc_starts=[0]))
         counts[i % partitions] += 1
     producer.commit_transaction(30)
-    ends = skafka.stable_end_offsets(config, topic)
-    from stoker.manifest import sha256_file
+    ends = koffsets.stable_end_offsets(config, topic)
+    from stoker.files import sha256_file
 
     m = Manifest(run_id=f"{corpus}/{ds}", corpus=corpus, ds=ds, topic=topic,
                  partitions=[PartitionRange(partition=p, start_offset=0, end_offset=ends[p], sequences=counts[p])
@@ -191,7 +193,7 @@ def first_night(kafka_config: dict, sample_corpus: dict, tmp_path: Path, line: s
     import shutil
 
     from stoker.layout import RunLayout
-    from stoker.lines import LineSettings
+    from stoker.lines.parents import LineSettings
     from stoker_airflow.lines import join_line, launch_parent, trainer_args
     from stoker_local.sample import texts
 
@@ -213,7 +215,7 @@ def pretrain_deepseek(tokenizer: Path, docs: list[str], out: Path, seq_len: int,
     import torch
     from tokenizers import Tokenizer
 
-    from stoker.recipes import debug_cpu
+    from stoker.config.recipes import debug_cpu
     from training.model import build_model
 
     tok = Tokenizer.from_file(str(tokenizer))

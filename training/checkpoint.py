@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from stoker import kafka as skafka
 from stoker.exceptions import StokerError
+from stoker.files import atomic_write_json
+from stoker.kafka import offsets as koffsets
 from stoker.layout import CHECKPOINT_COMPLETE, CHECKPOINT_TAG, FORK_FILE, checkpoint_tag, complete_checkpoints
-from stoker.manifest import atomic_write_json
 
 log = logging.getLogger("stoker.train.checkpoint")
 
@@ -66,7 +66,7 @@ def save(engine: Any, step: int, ckpt_dir: Path, *, slots: dict[str, dict[str, A
     dist.barrier()
     if dist.get_rank() == 0 and kafka_config is not None:
         offsets = {int(p): o for p, o in data["next_offsets"].items()}
-        skafka.commit_offsets(kafka_config, group_id, data["topic"], offsets)
+        koffsets.commit_offsets(kafka_config, group_id, data["topic"], offsets)
         log.info("checkpoint step %d saved in %s; offsets committed for group %s: %s", step, ckpt_dir, group_id,
                  offsets)
     if node_leader:  # one pruner per node: folders may be node-local

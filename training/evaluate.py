@@ -1,4 +1,4 @@
-"""Held-out evaluation: bits per byte of a model on held-out sets (:mod:`stoker.holdout`), per source file, with
+"""Held-out evaluation: bits per byte of a model on held-out sets (:mod:`stoker.run.holdout`), per source file, with
 standard errors; a candidate and a baseline scored on the same documents, with their paired difference.
 
 The held-out sequences go through the batch builder the trainer uses (:func:`training.data.batch.make_batch`:
@@ -35,7 +35,7 @@ class HeldOut:
 
     @classmethod
     def load(cls, folder: Path) -> HeldOut:
-        from stoker.holdout import read_part
+        from stoker.run.holdout import read_part
 
         parts = [read_part(p) for p in sorted(Path(folder).glob("part-*.npz"))]
         sources = [str(p["sources"][c]) for p in parts for c in p["doc_source"]]
@@ -46,7 +46,7 @@ class HeldOut:
 def part_windows(part: dict[str, Any]) -> tuple[list[Any], np.ndarray, int]:
     """A part's windows as the trainer's packed sequences, its documents' start in the flattened stream, and
     the stream's real length."""
-    from stoker.records import PackedSequence
+    from stoker.run.records import PackedSequence
 
     tokens, lengths = part["tokens"], part["doc_tokens"].astype(np.int64)
     width = tokens.shape[1]
@@ -145,14 +145,15 @@ def evaluate(model_dir: str, sets: dict[str, Path], baseline_dir: str | None = N
 
 
 def evaluate_night(manifest_path: str | Path, folder: str | Path) -> dict[str, Any] | None:
-    """In the trainer's process, right after its export (rank 0): the night's sets (stoker.holdout.eval_sets)
+    """In the trainer's process, right after its export (rank 0): the night's sets (stoker.lines.eval_sets.eval_sets)
     scored by the exported model and by the model it continued, into the trainer's ``eval.json``; the evaluate
     task takes them instead of starting a process that imports torch again. None when the night held nothing
     out."""
-    from stoker.holdout import baseline_model, eval_sets
+    from stoker.files import atomic_write_json
     from stoker.layout import RunLayout, TrainerFiles
-    from stoker.manifest import atomic_write_json, read_manifest
-    from stoker.plan import read_plan
+    from stoker.lines.eval_sets import baseline_model, eval_sets
+    from stoker.run.manifest import read_manifest
+    from stoker.run.plan import read_plan
 
     m, run, files = read_manifest(manifest_path), RunLayout.of_manifest(manifest_path), TrainerFiles(Path(folder))
     if not m.holdout.get("docs") or not files.parent.is_file():
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = dict(s.split("=", 1) for s in args.set)
     if not sets:
         ap.error("give at least one --set NAME=HOLDOUT_DIR")
-    from stoker.manifest import atomic_write_json
+    from stoker.files import atomic_write_json
 
     result = evaluate(args.model, {k: Path(v) for k, v in sets.items()}, args.baseline, args.batch_size)
     atomic_write_json(args.out, result)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.layout import TrainerFiles
-from stoker.manifest import Manifest
+from stoker.run.manifest import Manifest
 
 
 def export(engine: Any, manifest: Manifest, files: TrainerFiles, target: Path | None = None) -> Path:

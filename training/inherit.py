@@ -18,8 +18,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from stoker.config.recipes import TrainRecipe
 from stoker.layout import NightFiles
-from stoker.recipes import TrainRecipe
 
 log = logging.getLogger("stoker.train.inherit")
 

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     args = ap.parse_args(argv)
     out = args.out.resolve()
-    from stoker.manifest import atomic_write_json
+    from stoker.files import atomic_write_json
 
     result = evaluate_tasks(args.model, args.task, args.baseline, args.include, args.limit, args.batch_size)
     atomic_write_json(out, result)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stoker.manifest import Manifest
-from stoker.recipes import TrainRecipe
+from stoker.config.recipes import TrainRecipe
+from stoker.run.manifest import Manifest
 
 
 def build_config(recipe: TrainRecipe, vocab_size: int, seq_len: int, eos_id: int, pad_id: int) -> Any:
@@ -108,7 +108,7 @@ def special_ids(manifest: Manifest) -> tuple[int, int]:
         return manifest.eos_id, manifest.pad_id
     from tokenizers import Tokenizer
 
-    from stoker.config import TokenizerConfig
+    from stoker.config.corpus import TokenizerConfig
     from stoker.exceptions import StokerError
 
     tok, defaults = Tokenizer.from_file(manifest.tokenizer_path), TokenizerConfig(path="defaults.json")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stoker.recipes import TrainRecipe
+    from stoker.config.recipes import TrainRecipe
 
 
 def fork_step(total: int, share: float) -> int:

@@ -66,7 +66,7 @@ def _from_plan(ap: argparse.ArgumentParser, ns: dict) -> None:
     if plan is None:
         ns.update({k: v for k, v in PLANNED.items() if ns[k] is None})
         return
-    from stoker.plan import read_plan
+    from stoker.run.plan import read_plan
 
     given = [k for k in PLANNED if ns[k] is not None]
     if given:
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = Trainer(args).train()
     except DataLost as e:  # no relaunch can fix it: say so where the train task looks
+        from stoker.files import atomic_write_json
         from stoker.layout import TrainerFiles
-        from stoker.manifest import atomic_write_json
 
         atomic_write_json(TrainerFiles(Path(args.out)).failure, {"reason": "data_lost", "message": str(e)})
         raise

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker.client_config import config_from_env
+from stoker.config.recipes import TrainRecipe, get_recipe
+from stoker.files import atomic_write_json
+from stoker.kafka.settings import config_from_env
 from stoker.layout import TrainerFiles, checkpoint_tag, consumer_group
-from stoker.manifest import atomic_write_json, read_manifest
-from stoker.recipes import TrainRecipe, get_recipe
+from stoker.run.manifest import read_manifest
 from training import checkpoint, inherit
 from training.data.kafka_source import verify_consumed
 from training.export import export
@@ -94,7 +95,7 @@ def loss_sum(logits: Any, labels: Any) -> Any:
 
 def resolve_recipe(args: TrainArgs) -> TrainRecipe:
     """The named recipe with the command line's overrides, built and validated as a recipe file is."""
-    from stoker.recipes import parse_overrides, with_overrides
+    from stoker.config.recipes import parse_overrides, with_overrides
 
     overrides = parse_overrides(list(args.set))
     for key in ("micro_batch_size", "checkpoint_every"):

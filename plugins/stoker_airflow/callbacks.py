@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from stoker.layout import RunLayout
-from stoker.plan import corpus_of
-from stoker.runs import record_stage
+from stoker.reports.runs import record_stage
+from stoker.run.plan import corpus_of
 
 
 def run_ds(context: Any) -> str:

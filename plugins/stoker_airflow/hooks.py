@@ -9,7 +9,7 @@ from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
 
 from stoker.exceptions import ConfigError
-from stoker.sources import S3Settings
+from stoker.stores.s3 import S3Settings
 
 
 class StokerKafkaHook(KafkaBaseHook):
@@ -19,7 +19,7 @@ class StokerKafkaHook(KafkaBaseHook):
 
     def client_config(self) -> dict[str, Any]:
         """For a client in this process: callbacks resolved into callables."""
-        from stoker.client_config import with_password_file
+        from stoker.kafka.settings import with_password_file
 
         try:
             return with_password_file(self._build_config())
@@ -29,7 +29,7 @@ class StokerKafkaHook(KafkaBaseHook):
 
     def subprocess_config(self) -> dict[str, Any]:
         """For a Spark job or a trainer (``STOKER_KAFKA_CONFIG``): plain JSON, callbacks still as the
-        dotted paths the provider's allow-list accepted (``stoker.client_config.config_from_env`` imports
+        dotted paths the provider's allow-list accepted (``stoker.kafka.settings.config_from_env`` imports
         them there), and ``sasl.password.file`` still a path, read where the job runs. Managed-auth
         token callbacks cannot cross a process boundary: use the client's own SASL settings for
         those clusters."""

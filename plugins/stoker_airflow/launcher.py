@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from stoker import paths
-from stoker.config import NODE_SHELL
+from stoker.config.corpus import NODE_SHELL
 from stoker.layout import TrainerFiles
-from stoker.manifest import Manifest
 from stoker.process import HEARTBEAT_S, STOP_HEARTBEAT, TAG_VAR, Heartbeat, stop_tagged
+from stoker.run.manifest import Manifest
 
 log = logging.getLogger("stoker.launcher")
 

@@ -11,19 +11,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from stoker.files import atomic_write_json
 from stoker.layout import NightFiles, TrainerFiles
-from stoker.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_file, take_lease
-from stoker.lines import (
-    LineSettings,
-    Parent,
-    TokenizerFacts,
-    check_agreement,
-    night_record,
-    plan,
-    promote,
-    tokenizer_facts,
-)
-from stoker.manifest import atomic_write_json
+from stoker.lines.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_file, take_lease
+from stoker.lines.nights import Parent, night_record
+from stoker.lines.parents import LineSettings, check_agreement, choose_parent
+from stoker.lines.promotion import promote
+from stoker.run.tokenizer import TokenizerFacts, tokenizer_facts
 
 log = logging.getLogger("stoker.lines")
 
@@ -42,7 +36,7 @@ def check_before_publish(cfg: Any, ds: str) -> Parent:
 
     settings = LineSettings.of(cfg.train)
     try:
-        parent = plan(settings.layout, ds, cfg.name, settings.init, settings.older_nights)
+        parent = choose_parent(settings.layout, ds, cfg.name, settings.init, settings.older_nights)
         tok = paths.resolve_local(cfg.tokenizer.path)
         if tok.is_file():
             check_agreement(parent, tokenizer_facts(tok, cfg.tokenizer.eos_token, cfg.tokenizer.pad_token))
@@ -118,7 +112,7 @@ def launch_parent(settings: LineSettings, files: TrainerFiles, manifest: Any) ->
     from stoker.exceptions import StokerError
 
     try:
-        parent = plan(settings.layout, manifest.ds, manifest.corpus, settings.init, settings.older_nights)
+        parent = choose_parent(settings.layout, manifest.ds, manifest.corpus, settings.init, settings.older_nights)
         check_agreement(parent, _manifest_tokenizer(manifest))
     except StokerError as e:
         raise _fail(e) from None
@@ -138,12 +132,12 @@ def launch_parent(settings: LineSettings, files: TrainerFiles, manifest: Any) ->
 
 def prepare_replay(settings: LineSettings, files: TrainerFiles, manifest: Any, parent: Parent,
                    kafka_config: dict[str, Any]) -> dict[str, Any] | None:
-    """``train.replay``: the rows of the line's earlier nights this night mixes in (:mod:`stoker.replay`), drawn
+    """``train.replay``: the rows of the line's earlier nights this night mixes in (:mod:`stoker.lines.replay`), drawn
     and read at its first launch from the parent's lineage, kept in the trainer's folder for its relaunches
     (drawn again only when the parent changed, and then its checkpoints were removed too). None: no replay
     (the line's first night, a Hugging Face start, or ``replay: 0``)."""
-    from stoker import replay
-    from stoker.lines import read_night
+    from stoker.lines import replay
+    from stoker.lines.nights import read_night
 
     if settings.replay <= 0 or parent.kind != "night":
         files.replay.unlink(missing_ok=True)
@@ -166,7 +160,7 @@ def keep_replay_store(settings: LineSettings | None, manifest: Any, files: Train
                       kafka_config: dict[str, Any]) -> None:
     """A night of a replaying line, done training: its rows for the line's replay store, read from its topic
     now (``join_line`` puts them in its night folder)."""
-    from stoker import replay
+    from stoker.lines import replay
 
     if settings is None or settings.replay <= 0:
         return
@@ -191,7 +185,7 @@ def join_line(settings: LineSettings, manifest: Any, files: TrainerFiles, holdou
     is checked once more: a night whose parent is no longer what the line would give it (two nights of a
     line trained at once, without the line's pool) joins as a branch, never as a head that skips a night."""
     parent = Parent.from_dict(json.loads(files.parent.read_text()))
-    now = plan(settings.layout, manifest.ds, manifest.corpus, settings.init, "branch")
+    now = choose_parent(settings.layout, manifest.ds, manifest.corpus, settings.init, "branch")
     role = now.role if (now.kind, now.path) == (parent.kind, parent.path) else "branch"
     if role != parent.role:
         log.warning("night %s of %s joins line %s as a %s: the line moved while it trained (parent %s, the line "

@@ -21,7 +21,7 @@ def sync_line_pools() -> list[str]:
     from airflow.utils.session import create_session
 
     from stoker import paths
-    from stoker.config import load_each
+    from stoker.config.corpus import load_each
     from stoker.layout import line_pool
 
     configs, _ = load_each(paths.corpora_dir())

@@ -47,7 +47,7 @@ def run_for_dag_run(dag_id: str, run_id: str) -> Path | None:
     import json
 
     from stoker import paths
-    from stoker.plan import corpus_of
+    from stoker.run.plan import corpus_of
 
     corpus = corpus_of(dag_id) or dag_id
     for run in sorted((RunLayout(d) for d in (paths.runs_dir() / corpus).glob("*")), reverse=True,
@@ -72,7 +72,7 @@ def _page(title: str, body: str) -> HTMLResponse:
 
 
 def _summary_html(run_dir: Path) -> HTMLResponse:
-    from stoker.runs import render, summary
+    from stoker.reports.runs import render, summary
 
     s = summary(run_dir)
     corpus, ds = run_dir.parent.name, run_dir.name
@@ -84,8 +84,8 @@ def _summary_html(run_dir: Path) -> HTMLResponse:
     body += _drops_html(run_dir, s)
     line = ((s.get("training") or {}).get("line") or {}).get("line")
     if line:
-        from stoker.catalog import line_nights
-        from stoker.lineplot import line_svg
+        from stoker.reports.catalog import line_nights
+        from stoker.reports.lineplot import line_svg
 
         body += (f"<h3>Line {html.escape(line)}: each night's held-out bits per byte</h3>"
                  + line_svg(line, line_nights(line)))
@@ -98,7 +98,7 @@ def _drops_html(run_dir: Path, s: dict) -> str:
     """The night's drop reasons as a chart, then a few quarantined records of each."""
     import json
 
-    from stoker.dropplot import drops_svg, samples_html
+    from stoker.reports.dropplot import drops_svg, samples_html
 
     try:
         samples = json.loads(RunLayout(run_dir).quarantine_samples.read_text())
@@ -115,7 +115,7 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
-        from stoker.runs import all_runs, summary
+        from stoker.reports.runs import all_runs, summary
 
         rows = []
         for d in all_runs():
@@ -138,13 +138,13 @@ def create_app() -> FastAPI:
 
     @app.get("/runs/{corpus}/{ds}/summary.json")
     def run_json(corpus: str, ds: str) -> JSONResponse:
-        from stoker.runs import summary
+        from stoker.reports.runs import summary
 
         return JSONResponse(summary(_run_dir(corpus, ds)))
 
     @app.get("/runs/{corpus}/{ds}/loss.png")
     def loss_png(corpus: str, ds: str) -> FileResponse:
-        from stoker.runs import summary
+        from stoker.reports.runs import summary
 
         t = summary(_run_dir(corpus, ds)).get("training") or {}
         if not t.get("loss_curve") or not Path(t["loss_curve"]).is_file():

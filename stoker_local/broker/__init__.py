@@ -162,7 +162,7 @@ def _log4j_config() -> Path:
 
 def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
     """Start the broker unless it runs; return when it answers Kafka requests."""
-    from stoker.kafka import check_reachable
+    from stoker.kafka.topics import check_reachable
 
     b = b or default_broker()
     if b.process.running():
@@ -203,7 +203,7 @@ def up(b: Broker | None = None, timeout: float = 90.0) -> Broker:
 def down(b: Broker | None = None, timeout: float = 30.0) -> bool:
     """Stop the broker this stack started (TERM, then KILL), and this process's reused clients of it; False if
     none was running."""
-    from stoker.kafka_clients import forget_admins
+    from stoker.kafka.clients import forget_admins
 
     b = b or default_broker()
     forget_admins(b.bootstrap)

@@ -130,17 +130,17 @@ def grant(config: dict[str, Any], home: Path) -> None:
         UserScramCredentialUpsertion,
     )
 
-    from stoker import kafka as skafka
-    from stoker import kafka_clients
+    from stoker.kafka import clients as kafka_clients
+    from stoker.kafka import topics as ktopics
 
     client = kafka_clients.admin(config)
     upsert = UserScramCredentialUpsertion(USER, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
                                           password(home).encode(), secrets.token_bytes(16))
-    skafka._wait(client.alter_user_scram_credentials([upsert]), "alter_user_scram_credentials")
+    ktopics._wait(client.alter_user_scram_credentials([upsert]), "alter_user_scram_credentials")
     bindings = [AclBinding(kind, "stoker", ResourcePatternType.PREFIXED, f"User:{USER}", "*", AclOperation.ALL,
                            AclPermissionType.ALLOW)
                 for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)]
-    skafka._wait(client.create_acls(bindings), "create_acls")
+    ktopics._wait(client.create_acls(bindings), "create_acls")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.bootstrap:
         ap.error("grant needs the broker's INTERNAL listener, host:port")
-    from stoker import kafka as skafka
+    from stoker.kafka import topics as ktopics
 
     config = internal_config(args.bootstrap, tls_dir(args.dir))
-    skafka.check_reachable(config, timeout=60)
+    ktopics.check_reachable(config, timeout=60)
     grant(config, args.dir)
     print(f"user {USER} ({MECHANISM}) and its ACLs (stoker* topics, groups, transactional ids) set")
     return 0

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from stoker import paths
-from stoker.connectors import HADOOP_VERSION
 from stoker.exceptions import StackError
-from stoker.hdfs import HdfsStore
 from stoker.paths import write_private
 from stoker.process import ProcessRecord
-from stoker.sources import S3Settings, S3Store
+from stoker.stores.connectors import HADOOP_VERSION
+from stoker.stores.hdfs import HdfsStore
+from stoker.stores.s3 import S3Settings, S3Store
 
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 """The github.com/seaweedfs/seaweedfs module version (the Makefile reads it from here)."""

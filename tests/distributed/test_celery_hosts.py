@@ -266,7 +266,7 @@ def test_a_night_runs_across_hosts_and_its_training_survives_losing_its_gpu_host
     # the retry resumed from the checkpoint the lost host left, and trained every sequence exactly once
     files = launched(run)
     assert json.loads(files.process.path.read_text())["host"] == survivor
-    from stoker.manifest import read_manifest
+    from stoker.run.manifest import read_manifest
 
     m = read_manifest(run.manifest)
     published = committed_keys(kafka.client["bootstrap.servers"], m.topic)  # Kafka's own reader

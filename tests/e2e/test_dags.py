@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from stoker.lag import compute_lag
+from stoker.kafka.lag import compute_lag
 from stoker.layout import RunLayout
-from stoker.manifest import read_manifest
+from stoker.run.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ print("STATE=" + json.dumps(str(run.state)))
 
 
 def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
-    from stoker import kafka as skafka
+    from stoker.kafka import offsets as koffsets
 
     out = subprocess.run([sys.executable, "-c", DAG_TEST], cwd=REPO, env=os.environ.copy(),
                          capture_output=True, text=True, timeout=900)
@@ -100,8 +100,8 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     m = read_manifest(run_dir)
     assert m.docs_in == m.docs_kept + sum(m.docs_dropped.values())
     assert {"duplicate", "invalid_json", "invalid_utf8", "missing_text", "empty_text"} <= set(m.docs_dropped)
-    assert m.end_offsets() == skafka.end_offsets(kafka_config, m.topic)
-    assert len(skafka.read_all(kafka_config, m.topic)) == m.sequences > 0
+    assert m.end_offsets() == koffsets.end_offsets(kafka_config, m.topic)
+    assert len(koffsets.read_all(kafka_config, m.topic)) == m.sequences > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["sequences"] == m.sequences
     assert {"await_source", "tokenize_publish", "await_published", "train", "await_consumed"} <= set(
@@ -110,7 +110,7 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     training = summary["training"]
     assert training["sequences_consumed"] == training["sequences_published"] == m.sequences
     assert training["world_size"] == 2 and training["last_loss"] < training["first_loss"]
-    committed = skafka.committed_offsets(kafka_config, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
+    committed = koffsets.committed_offsets(kafka_config, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
     assert compute_lag(m.end_offsets(), committed).lag == 0
     assert Path(training["loss_curve"]).stat().st_size > 0
     assert "done: tokenise, pack, publish" in json.loads(RunLayout(run_dir).spark_progress.read_text())["line"]
@@ -187,7 +187,7 @@ def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config
     import threading
     import time
 
-    from stoker import kafka as skafka
+    from stoker.kafka import offsets as koffsets
 
     root = f"s3://corpora/{tmp_path.name}"
     corpora = tmp_path / "corpora"
@@ -246,7 +246,7 @@ def test_an_s3_corpus_waits_for_its_night_then_publishes_exactly_it(kafka_config
     for f, p in zip(m.source_files, files, strict=True):
         assert f["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest() and f["bytes"] == p.stat().st_size
     assert m.docs_in == m.docs_kept + sum(m.docs_dropped.values()) > 0
-    assert len(skafka.read_all(kafka_config, m.topic)) == m.sequences > 0
+    assert len(koffsets.read_all(kafka_config, m.topic)) == m.sequences > 0
 
 
 DAG_TEST_PUBLISH = """
@@ -265,7 +265,7 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
     with two workers (pyspark's own jars, started here). The night publishes the same sequences as a
     local-mode run of the same files, and holds out the same documents (the executors write the held-out
     files); the tokenizer reaches the executors with the job."""
-    from stoker import kafka as skafka
+    from stoker.kafka import offsets as koffsets
     from stoker_local.servers.spark import SparkStandalone
 
     corpora = tmp_path / "corpora"  # the sample, holding out 2% of its documents
@@ -292,8 +292,8 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
         (local.docs_in, local.docs_kept, local.docs_dropped, local.tokens, local.sequences)
     assert [(f["path"], f["sha256"], f["tokens"]) for f in remote.source_files] == \
         [(f["path"], f["sha256"], f["tokens"]) for f in local.source_files]
-    pairs = {(m.key(), m.value()) for m in skafka.read_all(kafka_config, remote.topic)}
-    assert pairs == {(m.key(), m.value()) for m in skafka.read_all(kafka_config, local.topic)}
+    pairs = {(m.key(), m.value()) for m in koffsets.read_all(kafka_config, remote.topic)}
+    assert pairs == {(m.key(), m.value()) for m in koffsets.read_all(kafka_config, local.topic)}
 
 
 DAG_TEST_SECURE = """
@@ -313,7 +313,7 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
     this run is told about), the connection naming a ``sasl.password.file`` as the README advises; the
     password is in no command line, log, metadata DB, run file or Spark event log (each Spark task reads
     the file where it runs: none is pickled into a task)."""
-    from stoker import kafka as skafka
+    from stoker.kafka import offsets as koffsets
     from stoker.paths import write_private
 
     password_file, events = tmp_path / "credentials.json", tmp_path / "spark-events"
@@ -338,11 +338,11 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
     assert 'STATE="success"' in out.stdout, log[-4000:]
     run_dir = RunLayout.of("sample", "2026-12-09").run_dir
     m = read_manifest(run_dir)
-    assert len(skafka.read_all(secure_kafka, m.topic)) == m.sequences > 0
+    assert len(koffsets.read_all(secure_kafka, m.topic)) == m.sequences > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["training"]["sequences_consumed"] == m.sequences
     # the run conf reached the job through the run plan, and the summary says what the run changed
-    from stoker.plan import read_plan
+    from stoker.run.plan import read_plan
 
     plan = read_plan(RunLayout.of("sample", "2026-12-09").plan)
     assert plan.source_uri == str(drop) == m.source_uri and plan.topic == m.topic

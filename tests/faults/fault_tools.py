@@ -14,9 +14,11 @@ from typing import Any
 
 from trainer_tools import committed_keys
 
-from stoker import kafka as skafka
-from stoker import paths, records
-from stoker.manifest import read_manifest
+from stoker import paths
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.run import records
+from stoker.run.manifest import read_manifest
 
 
 def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, compressed: bool = False,
@@ -50,15 +52,15 @@ def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, c
 def submit(cfg: Path, topic: str, run_dir: Path, kafka_config: dict, fresh: bool = True,
             *extra: str) -> subprocess.Popen:
     from stoker.layout import tasks_topic
-    from stoker.plan import plan_run
-    from stoker_airflow.operators import default_spark_conf
+    from stoker.run.plan import plan_run
+    from stoker_airflow.operators.publish import default_spark_conf
 
     plan = plan_run(cfg, "2026-12-01", attempt=int(topic.rsplit(".a", 1)[1]))  # as the publish task does
     assert plan.topic == topic, (plan.topic, topic)
     run_dir.mkdir(parents=True, exist_ok=True)
     plan.write(run_dir / "plan.json")
     if fresh:  # no topic of an earlier test run: publishing is seen when this job's records arrive
-        skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
+        ktopics.delete_topics(kafka_config, [topic, tasks_topic(topic)])
 
     cmd = [str(paths.venv_bin("spark-submit")), "--master", "local[2,4]",
            *[a for k, v in default_spark_conf().items() for a in ("--conf", f"{k}={v}")],
@@ -82,7 +84,7 @@ def await_publishing(kafka_config: dict, topic: str, proc: subprocess.Popen, tim
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if sum(skafka.end_offsets(kafka_config, topic, committed_only=False).values()) > 0:
+            if sum(koffsets.end_offsets(kafka_config, topic, committed_only=False).values()) > 0:
                 return
         except Exception:  # noqa: BLE001 - the topic is made by the job
             pass

@@ -27,8 +27,9 @@ from trainer_tools import (
     wait_trainer,
 )
 
-from stoker import kafka as skafka
-from stoker.lag import compute_lag
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.kafka.lag import compute_lag
 
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +109,7 @@ def test_training_survives_its_partition_leader_then_its_group_coordinator_kille
     trained = [k for ks in keys_by_step(out).values() for k in ks]
     assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
     assert sorted(trained) == sorted(k.decode() for k in published) == all_keys(m)
-    committed = skafka.committed_offsets(cluster.client, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
+    committed = koffsets.committed_offsets(cluster.client, f"stoker-train.{m.topic}", m.topic, m.end_offsets())
     assert compute_lag(m.end_offsets(), committed).lag == 0  # the lag sensor sees the end
 
 
@@ -120,10 +121,10 @@ config, group, topic, stop_file = json.loads(sys.argv[1]), sys.argv[2], sys.argv
 i, stop = 0, time.monotonic() + 300
 while time.monotonic() < stop and not os.path.exists(stop_file):
     i += 1
-    skafka.commit_offsets(config, group, topic, {p: i for p in range(4)})  # rides through the failover itself
+    koffsets.commit_offsets(config, group, topic, {p: i for p in range(4)})  # rides through the failover itself
     for _ in range(60):  # a read fails while the coordinator moves (the lag trigger's next poll reads again)
         try:
-            got = skafka.committed_offsets(config, group, topic, range(4))
+            got = koffsets.committed_offsets(config, group, topic, range(4))
             break
         except StokerError as e:
             print("read failed:", e, flush=True)
@@ -143,7 +144,7 @@ def test_group_offsets_are_committed_and_read_through_their_coordinators_death(c
     import time
 
     topic, group = f"stoker.coordkill.{time.time_ns()}", f"stoker-train.coordkill.{time.time_ns()}"
-    skafka.create_topic(cluster.client, topic, 4, 3, {"min.insync.replicas": "2"})
+    ktopics.create_topic(cluster.client, topic, 4, 3, {"min.insync.replicas": "2"})
     log, stop = tmp_path / "commits.log", tmp_path / "stop"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-c", COMMIT_LOOP, json.dumps(cluster.client), group, topic,
@@ -174,5 +175,5 @@ def test_group_offsets_are_committed_and_read_through_their_coordinators_death(c
     text = log.read_text(errors="replace")
     assert rc == 0, f"the committing process ended with {rc} after {coordinator} was killed:\n{text[-3000:]}"
     last = max(int(line) for line in text.splitlines() if line.isdigit())
-    assert skafka.committed_offsets(cluster.client, group, topic, range(4)) == {p: last for p in range(4)}
-    skafka.delete_topics(cluster.client, [topic])
+    assert koffsets.committed_offsets(cluster.client, group, topic, range(4)) == {p: last for p in range(4)}
+    ktopics.delete_topics(cluster.client, [topic])

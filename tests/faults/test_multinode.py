@@ -19,8 +19,9 @@ import psutil
 import pytest
 from trainer_tools import committed_keys
 
-from stoker import kafka as skafka
-from stoker.lag import compute_lag
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.kafka.lag import compute_lag
 from stoker.layout import RunLayout, consumer_group
 from stoker_local.sample import texts
 from training.metrics import read_log, trained_keys
@@ -98,8 +99,8 @@ def test_two_nodes_train_every_sequence_once_and_survive_losing_one(kafka_config
     trained = trained_keys(files)
     assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
     assert sorted(trained) == sorted(k.decode() for k in published) and len(published) == m.sequences
-    ends = skafka.committed_offsets(kafka_config, consumer_group(m.topic), m.topic, m.end_offsets())
+    ends = koffsets.committed_offsets(kafka_config, consumer_group(m.topic), m.topic, m.end_offsets())
     assert compute_lag(m.end_offsets(), ends).lag == 0
     summary = json.loads(files.summary.read_text())
     assert summary["world_size"] == 2 and sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
-    skafka.delete_topics(kafka_config, [m.topic])
+    ktopics.delete_topics(kafka_config, [m.topic])

@@ -15,8 +15,8 @@ import psutil
 import pytest
 from trainer_tools import await_step, committed_keys, publish_run
 
-from stoker import kafka as skafka
-from stoker.lag import compute_lag
+from stoker.kafka import offsets as koffsets
+from stoker.kafka.lag import compute_lag
 from stoker.layout import RunLayout
 from stoker.process import tagged
 from stoker_airflow.launcher import Placement, TrainerLauncher
@@ -70,5 +70,5 @@ def test_ranks_orphaned_by_a_killed_launcher_are_stopped_before_the_relaunch(kaf
     reference = committed_keys(kafka_config["bootstrap.servers"], m.topic)
     assert sorted(trained) == sorted(k.decode() for k in reference) and len(reference) == m.sequences
     group = json.loads(launcher.files.summary.read_text())["group_id"]
-    ends = skafka.committed_offsets(kafka_config, group, m.topic, m.end_offsets())
+    ends = koffsets.committed_offsets(kafka_config, group, m.topic, m.end_offsets())
     assert compute_lag(m.end_offsets(), ends).lag == 0

@@ -77,11 +77,11 @@ def test_an_attempt_that_committed_but_never_reported_is_not_published_again(cor
 
 
 def _committed(kafka_config: dict, topic: str) -> list:
-    from stoker import kafka as skafka
     from stoker.exceptions import StokerError
+    from stoker.kafka import offsets as koffsets
 
     try:
-        return skafka.read_all(kafka_config, topic, timeout=10)
+        return koffsets.read_all(kafka_config, topic, timeout=10)
     except StokerError:  # not made yet: the job makes it before its pack pass
         return []
 
@@ -100,7 +100,7 @@ def test_a_compressed_file_publishes_in_several_transactions_exactly_once(sample
     timeout (2 s: a transaction is committed after 1 s). Its sequences go out in several transactions, each
     with a done record; a worker killed after some of them committed is retried, and the retry continues
     after what was committed."""
-    from stoker import kafka as skafka
+    from stoker.kafka import offsets as koffsets
     from stoker.layout import tasks_topic
 
     # 60,000 documents a file: about 11,000 sequences a task, some 6 s of packing on two cores (CI's
@@ -124,7 +124,7 @@ def test_a_compressed_file_publishes_in_several_transactions_exactly_once(sample
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     keys = assert_exactly_once(kafka_config, tmp_path / "run")  # Kafka's own reader
-    done = [json.loads(m.value()) for m in skafka.read_all(kafka_config, tasks_topic(topic))]
+    done = [json.loads(m.value()) for m in koffsets.read_all(kafka_config, tasks_topic(topic))]
     for task in {d["spark_partition"] for d in done}:
         mine = [d for d in done if d["spark_partition"] == task]
         assert len(mine) >= 3 and mine[-1]["final"] and not any(d["final"] for d in mine[:-1]), mine

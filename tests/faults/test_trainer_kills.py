@@ -21,10 +21,10 @@ import pytest
 from fault_tools import assert_exactly_once  # tests/faults/fault_tools.py
 from trainer_tools import first_night
 
-from stoker import kafka as skafka
-from stoker.lag import compute_lag
+from stoker.kafka import offsets as koffsets
+from stoker.kafka.lag import compute_lag
 from stoker.layout import LineLayout, RunLayout, TrainerFiles, consumer_group
-from stoker.manifest import read_manifest
+from stoker.run.manifest import read_manifest
 from training.metrics import read_log, trained_keys
 
 pytestmark = pytest.mark.faults
@@ -135,7 +135,7 @@ def test_a_trainer_killed_as_a_whole_is_relaunched_and_trains_every_sequence_onc
     rows = read_log(Path(str(files.keys_log).replace("{rank}", "0")))
     restarts = [b["step"] for a, b in zip(rows, rows[1:], strict=False) if b["step"] <= a["step"]]
     assert restarts == [11], restarts
-    ends = skafka.committed_offsets(kafka_config, consumer_group(m.topic), m.topic, m.end_offsets())
+    ends = koffsets.committed_offsets(kafka_config, consumer_group(m.topic), m.topic, m.end_offsets())
     assert compute_lag(m.end_offsets(), ends).lag == 0
     # night 2 of the line, both lives: started from night 1's model, and joined the line only once done
     assert json.loads(files.parent.read_text())["path"] == night_one

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from small_corpus import write_corpus
 
-from stoker.config import load_corpus
+from stoker.config.corpus import load_corpus
 
 
 @pytest.fixture()

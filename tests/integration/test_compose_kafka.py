@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from kafka_cluster import ComposeCluster  # tests/kafka_cluster.py
 
-from stoker import kafka as skafka
-from stoker.client_config import with_password_file
+from stoker.kafka import clients
+from stoker.kafka import topics as ktopics
+from stoker.kafka.settings import with_password_file
 
 pytestmark = pytest.mark.integration
 HOME = Path(os.environ["STOKER_HOME"]) / "compose-kafka"
@@ -45,11 +46,11 @@ def test_the_compose_kafka_cluster_replicates_and_enforces_min_isr(cluster):
     from confluent_kafka.admin import ConfigResource, NewTopic
 
     client = cluster.client
-    admin = skafka.admin(client)
+    admin = clients.admin(client)
     # a topic created with the brokers' defaults (as the compose corpora's RF 3 asks)
     futures = admin.create_topics([NewTopic("compose.check", num_partitions=3)])
     futures["compose.check"].result(30)
-    skafka.await_topic(client, "compose.check", 3)  # every broker knows it (else UNKNOWN_TOPIC_OR_PART below)
+    ktopics.await_topic(client, "compose.check", 3)  # every broker knows it (else UNKNOWN_TOPIC_OR_PART below)
     md = admin.list_topics("compose.check", timeout=10).topics["compose.check"]
     assert all(len(p.replicas) == 3 for p in md.partitions.values())
     res = ConfigResource(ConfigResource.Type.TOPIC, "compose.check")
@@ -122,10 +123,10 @@ def test_the_secure_profiles_kafka_serves_only_sasl_ssl_to_the_pipeline_user(tmp
             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "stoker",
             "sasl.password.file": str(secrets_dir / "credentials.json"),
             "ssl.ca.location": str(secrets_dir / "tls" / "ca.pem")})
-        assert skafka.check_reachable(client, timeout=30) == 1
-        skafka.create_topic(client, "stoker.compose.secure", 1)
+        assert ktopics.check_reachable(client, timeout=30) == 1
+        ktopics.create_topic(client, "stoker.compose.secure", 1)
         with pytest.raises(StokerError, match="TOPIC_AUTHORIZATION_FAILED"):
-            skafka.create_topic(client, "other.topic", 1)
+            ktopics.create_topic(client, "other.topic", 1)
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()

@@ -13,10 +13,11 @@ import pytest
 
 from spark_jobs import publish
 from spark_jobs.steps import Packed
-from stoker import kafka as skafka
-from stoker import records
 from stoker.exceptions import StokerError
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
 from stoker.layout import tasks_topic
+from stoker.run import records
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +50,8 @@ def _open_done_record(kafka_config, topic: str, task: int, task_partitions: int)
 @pytest.mark.parametrize("task_partitions", [2, 1])
 def test_a_retry_finds_its_done_record_behind_another_tasks_open_transaction(kafka_config, task_partitions):
     topic = f"stoker.test.20261208.t{task_partitions}"
-    skafka.recreate_topic(kafka_config, topic, 2)
-    skafka.recreate_topic(kafka_config, tasks_topic(topic), task_partitions)
+    koffsets.recreate_topic(kafka_config, topic, 2)
+    koffsets.recreate_topic(kafka_config, tasks_topic(topic), task_partitions)
     zombie = _open_done_record(kafka_config, topic, 1, task_partitions)
     aborted: list[bool] = []
     ender = threading.Timer(3.0, lambda: aborted.append(zombie.abort_transaction(30) is None))
@@ -67,15 +68,15 @@ def test_a_retry_finds_its_done_record_behind_another_tasks_open_transaction(kaf
     assert again.reused and again.sequences == 5  # found, so nothing published twice
     ender.join()
     assert aborted == [True]  # the zombie's transaction ended by its abort, not by its timeout
-    keys = [m.key() for m in skafka.read_all(kafka_config, topic)]
+    keys = [m.key() for m in koffsets.read_all(kafka_config, topic)]
     assert sorted(keys) == [records.make_key(0, i) for i in range(5)]
-    skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
+    ktopics.delete_topics(kafka_config, [topic, tasks_topic(topic)])
 
 
 def test_the_independent_read_fails_loudly_on_a_lost_or_duplicated_sequence(kafka_config):
     topic = "stoker.test.20261209.a1"
-    skafka.recreate_topic(kafka_config, topic, 2)
-    skafka.recreate_topic(kafka_config, tasks_topic(topic), 1)
+    koffsets.recreate_topic(kafka_config, topic, 2)
+    koffsets.recreate_topic(kafka_config, tasks_topic(topic), 1)
     done = _publish(kafka_config, topic, 0, 0, 1)
     assert publish.verify_published(kafka_config, topic, [done]) == {0: 3, 1: 2}
 
@@ -90,4 +91,4 @@ def test_the_independent_read_fails_loudly_on_a_lost_or_duplicated_sequence(kafk
     other.commit_transaction(30)
     with pytest.raises(StokerError, match=r"duplicated \{0: 1\}"):
         publish.verify_published(kafka_config, topic, [done])
-    skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
+    ktopics.delete_topics(kafka_config, [topic, tasks_topic(topic)])

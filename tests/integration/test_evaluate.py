@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spark_jobs.steps import Packer
-from stoker.holdout import HoldoutPart
+from stoker.run.holdout import HoldoutPart
 
 pytestmark = pytest.mark.integration
 SEQ_LEN, EOS, PAD, VOCAB = 32, 0, 1, 8192
@@ -18,7 +18,7 @@ SEQ_LEN, EOS, PAD, VOCAB = 32, 0, 1, 8192
 
 @pytest.fixture(scope="module")
 def model():
-    from stoker.recipes import get_recipe
+    from stoker.config.recipes import get_recipe
     from training.model import build_model
 
     return build_model(get_recipe("debug_cpu"), VOCAB, SEQ_LEN, EOS, PAD).eval()

@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 from trainer_tools import launch_logs, launch_trainer, pretrain_deepseek, publish_text_run, wait_trainer
 
-from stoker import kafka as skafka
 from stoker.exceptions import StokerError
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines import LineSettings, head, plan, read_night
+from stoker.lines.nights import head, read_night
+from stoker.lines.parents import LineSettings, choose_parent
 from stoker_airflow.lines import join_line, launch_parent, trainer_args
 from stoker_local.sample import texts
 
@@ -68,7 +70,7 @@ def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_
         card = line.night("2026-11-02", "lines").card.read_text()
         assert f"`{topics[0]}`" in card and f"`{topics[1]}`" in card and "2 night(s)" in card
         assert Path(two["summary"]["export"], "README.md").read_text() == card  # the run's export has it too
-        from stoker.runs import render, summary
+        from stoker.reports.runs import render, summary
 
         shown = render(summary(tmp_path / "2026-11-02"))  # what `stoker runs show` prints
         assert f"model line       {settings.line}: continued night 2026-11-01 of lines; joined; model card" in shown
@@ -78,17 +80,17 @@ def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_
         assert AutoModelForCausalLM.from_pretrained(str(line.night("2026-11-02", "lines").model), local_files_only=True)
 
         # a re-run of night 2 starts from night 1 again, never from its own (half-)trained state
-        assert plan(line, "2026-11-02", "lines", "random", "branch").ds == "2026-11-01"
+        assert choose_parent(line, "2026-11-02", "lines", "random", "branch").ds == "2026-11-01"
         # a backfill older than the head: a branch from what precedes it, or refused when told to
-        older = plan(line, "2026-10-15", "lines", "random", "branch")
+        older = choose_parent(line, "2026-10-15", "lines", "random", "branch")
         assert (older.kind, older.role) == ("random", "branch")
         with pytest.raises(StokerError, match="cannot continue line .*head, night 2026-11-02"):
-            plan(line, "2026-10-15", "lines", "random", "refuse")
+            choose_parent(line, "2026-10-15", "lines", "random", "refuse")
         # a night that did not finish never joined: only the two trained nights are in the line
         assert [n.folder.name for n in line.nights()] == ["2026-11-01.lines", "2026-11-02.lines"]
         assert read_night(line.night("2026-11-01", "lines"))["parent"]["kind"] == "random"
     finally:
-        skafka.delete_topics(kafka_config, topics)
+        ktopics.delete_topics(kafka_config, topics)
 
 
 def test_a_wsd_line_releases_each_nights_cooldown_and_continues_its_trunk(kafka_config, sample_corpus, docs,
@@ -124,7 +126,7 @@ def test_a_wsd_line_releases_each_nights_cooldown_and_continues_its_trunk(kafka_
         assert tail[-2] == tail[-1] == pytest.approx(1e-4)
         assert (line.night("2026-11-02", "lines").trunk / "model.safetensors").is_file()
     finally:
-        skafka.delete_topics(kafka_config, topics)
+        ktopics.delete_topics(kafka_config, topics)
 
 
 def _first_batch_loss(folder: Path, kafka_config: dict, m) -> float:
@@ -134,9 +136,9 @@ def _first_batch_loss(folder: Path, kafka_config: dict, m) -> float:
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
-    from stoker import records
+    from stoker.run import records
 
-    firsts = {msg.partition(): msg for msg in skafka.read_all(kafka_config, m.topic) if msg.offset() == 0}
+    firsts = {msg.partition(): msg for msg in koffsets.read_all(kafka_config, m.topic) if msg.offset() == 0}
     rows = torch.tensor(np.stack([records.decode(firsts[p].value(), firsts[p].headers(), m.seq_len).tokens
                                   for p in (0, 1)]).astype("int64"))
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
@@ -162,7 +164,7 @@ def test_a_line_starts_from_a_local_hugging_face_folder_and_continues(kafka_conf
         card = LineLayout.of(settings.line).night("2026-11-01", "lines").card.read_text()
         assert str(start) in card
     finally:
-        skafka.delete_topics(kafka_config, topics)
+        ktopics.delete_topics(kafka_config, topics)
 
 
 def test_a_line_starts_from_a_llama_folder(kafka_config, sample_corpus, docs, tmp_path):
@@ -183,4 +185,4 @@ def test_a_line_starts_from_a_llama_folder(kafka_config, sample_corpus, docs, tm
         saved = json.loads((night.model / "config.json").read_text())
         assert saved["architectures"] == ["LlamaForCausalLM"]
     finally:
-        skafka.delete_topics(kafka_config, topics)
+        ktopics.delete_topics(kafka_config, topics)

@@ -16,7 +16,7 @@ from quality_oracle import quality  # tests/quality_oracle.py
 
 from spark_jobs.quality import minhasher_for
 from spark_jobs.tokenize_publish import run_job
-from stoker import kafka as skafka
+from stoker.kafka import offsets as koffsets
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,7 @@ def test_night_two_drops_near_copies_of_night_one_and_of_itself_and_names_each_o
         run_dir, topic = tmp_path / f"run2-{attempt}", f"stoker.near.20261121.a{attempt}"
         m2 = run_job(spark, cfg, ds=NIGHT2, topic=topic, run_dir=run_dir, kafka_config=kafka_config)
         assert (m2.docs_in, m2.docs_dropped) == (65, {"near_duplicate": len(caught)})
-        assert len(skafka.read_all(kafka_config, topic)) == m2.sequences
+        assert len(koffsets.read_all(kafka_config, topic)) == m2.sequences
         named = {}
         for r in _quarantined(run_dir):
             assert r["reason"] == "near_duplicate"

@@ -18,10 +18,12 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from spark_jobs.tokenize_publish import run_job
-from stoker import kafka as skafka
 from stoker.exceptions import SourceError
-from stoker.sources import S3Settings, open_store
-from stoker_airflow.sensors import SourceReadySensor
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.stores.drops import open_store
+from stoker.stores.s3 import S3Settings
+from stoker_airflow.sensors.source import SourceReadySensor
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +54,7 @@ def _local_copy(tmp_path: Path, files: dict[str, bytes]) -> Path:
 
 
 def _published(kafka_config, topic: str) -> list[tuple[bytes, bytes]]:
-    return sorted((m.key(), m.value()) for m in skafka.read_all(kafka_config, topic))
+    return sorted((m.key(), m.value()) for m in koffsets.read_all(kafka_config, topic))
 
 
 def _same_as_local(spark, kafka_config, cfg, tmp_path, remote_root: str, files: dict[str, bytes], tag: str):
@@ -182,7 +184,7 @@ def test_a_bad_store_fails_in_seconds_named_and_leaves_no_manifest(case, spark, 
     assert time.monotonic() - t0 < 30, "a bad store must fail in seconds, not after minutes of retries"
     assert uri.replace("{ds}", NIGHTS[1]) in str(err.value)  # names what it tried to read
     assert not (tmp_path / "run" / "manifest.json").exists()
-    assert topic not in skafka.list_topics(kafka_config, "stoker.bad")
+    assert topic not in ktopics.list_topics(kafka_config, "stoker.bad")
 
     # await_source says the same; what no retry can fix fails the task for good
     sensor = SourceReadySensor(task_id="await_source", uri=uri.replace("{ds}", NIGHTS[1]),
@@ -214,4 +216,4 @@ def test_a_dead_namenode_rpc_port_fails_the_spark_read_in_seconds(spark, kafka_c
         run_job(spark, cfg, ds=NIGHTS[1], topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
     assert time.monotonic() - t0 < 60
     assert not (tmp_path / "run" / "manifest.json").exists()
-    assert topic not in skafka.list_topics(kafka_config, "stoker.deadrpc")
+    assert topic not in ktopics.list_topics(kafka_config, "stoker.deadrpc")

@@ -19,8 +19,8 @@ from test_tokenize_publish import _documents_from_topic  # tests/integration
 from spark_jobs import steps
 from spark_jobs.tokenization import load_tokenizer
 from spark_jobs.tokenize_publish import run_job
-from stoker import kafka as skafka
-from stoker.quality import filter_reason, step_of
+from stoker.kafka import offsets as koffsets
+from stoker.run.reasons import filter_reason, step_of
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is
     (folder / "_SUCCESS").write_text("")
     cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, uri=str(folder)),
                               quality=quality(ALL_ON))
-    topic = f"stoker.quality.20261201.a{2 - decided}"
+    topic = f"stoker.config.quality.20261201.a{2 - decided}"
     m = run_job(spark, cfg, ds="2026-12-01", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
 
     kept, dropped, scrubbed = _expected(docs, cfg.clean.min_chars)
@@ -108,7 +108,7 @@ def test_a_night_is_filtered_and_scrubbed_as_datatrove_decides_and_every_drop_is
                 assert base64.b64decode(r["raw_base64"]).decode().startswith(g["preview"])
 
     tok = load_tokenizer(m.tokenizer_path)
-    published, _ = _documents_from_topic(skafka.read_all(kafka_config, topic), tok.token_to_id("<|endoftext|>"))
+    published, _ = _documents_from_topic(koffsets.read_all(kafka_config, topic), tok.token_to_id("<|endoftext|>"))
     expected = [tuple(e.ids) for e in tok.encode_batch(kept, add_special_tokens=False)]
     assert Counter(published) == Counter(expected)
     assert any("email@example.com" in t for t in kept) and not any("@uni-x.edu" in t for t in kept)

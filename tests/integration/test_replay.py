@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 from trainer_tools import committed_keys, launch_trainer, publish_text_run, wait_trainer
 
-from stoker import kafka as skafka
-from stoker import records, runs
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines import LineSettings, read_night
-from stoker.replay import replay_count
+from stoker.lines.nights import read_night
+from stoker.lines.parents import LineSettings
+from stoker.lines.replay import replay_count
+from stoker.reports import runs
+from stoker.run import records
 from stoker_airflow.lines import join_line, keep_replay_store, launch_parent, prepare_replay, trainer_args
 from stoker_local.sample import texts
 
@@ -70,7 +73,7 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
         # the drawn offsets were transaction markers
         night_one = {k.decode() for k in committed_keys(bootstrap, m1.topic)}
         assert sorted(k.removeprefix(f"replay:{m1.topic}:") for k in rows["keys"]) == sorted(night_one)
-        by_key = {m.key().decode(): m for m in skafka.read_all(kafka_config, m1.topic)}
+        by_key = {m.key().decode(): m for m in koffsets.read_all(kafka_config, m1.topic)}
         for key, tokens in zip(rows["keys"], rows["tokens"], strict=True):
             msg = by_key[str(key).removeprefix(f"replay:{m1.topic}:")]
             assert np.array_equal(tokens, records.decode(msg.value(), msg.headers(), SEQ_LEN).tokens)
@@ -99,7 +102,7 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
         store = np.load(line.night("2026-11-01", m1.corpus).replay_store)["keys"]  # night 1 left a quarter
         assert len(store) == replay_count(m1.sequences, 0.25) and {str(k) for k in store} <= {
             f"replay:{m1.topic}:{k}" for k in night_one}
-        skafka.delete_topics(kafka_config, [m1.topic])  # night 1's topic gone: a new draw takes its store's rows
+        ktopics.delete_topics(kafka_config, [m1.topic])  # night 1's topic gone: a new draw takes its store's rows
         f3 = two.trainer(m2.topic + ".again")
         launch_parent(settings, f3, m2)
         gone = prepare_replay(settings, f3, m2, p2, kafka_config)
@@ -108,4 +111,4 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
                                             "missing": want - from_store, "other_length": 0}
         assert gone["replayed"] == from_store and set(np.load(f3.replay)["keys"]) <= set(store)
     finally:
-        skafka.delete_topics(kafka_config, topics)
+        ktopics.delete_topics(kafka_config, topics)

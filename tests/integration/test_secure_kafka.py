@@ -11,20 +11,20 @@ import time
 
 import pytest
 
-from stoker import kafka as skafka
-from stoker.client_config import config_from_env
 from stoker.exceptions import StokerError
+from stoker.kafka import topics as ktopics
+from stoker.kafka.settings import config_from_env
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_pipeline_user_reaches_its_topics_and_nothing_else(secure_kafka):
     topic = f"stoker.secure.{time.time_ns()}.a1"
-    skafka.create_topic(secure_kafka, topic, 2)
-    assert topic in skafka.list_topics(secure_kafka, "stoker.secure.")
+    ktopics.create_topic(secure_kafka, topic, 2)
+    assert topic in ktopics.list_topics(secure_kafka, "stoker.secure.")
     with pytest.raises(StokerError, match="TOPIC_AUTHORIZATION_FAILED"):  # ACLs: only stoker* names
-        skafka.create_topic(secure_kafka, f"other.{time.time_ns()}", 1)
-    skafka.delete_topics(secure_kafka, [topic])
+        ktopics.create_topic(secure_kafka, f"other.{time.time_ns()}", 1)
+    ktopics.delete_topics(secure_kafka, [topic])
 
 
 @pytest.mark.parametrize("change, message", [
@@ -35,13 +35,13 @@ def test_the_pipeline_user_reaches_its_topics_and_nothing_else(secure_kafka):
 def test_a_wrong_password_or_an_untrusted_certificate_is_a_clear_error_in_seconds(secure_kafka, change, message):
     t0 = time.monotonic()
     with pytest.raises(StokerError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        skafka.check_reachable({**secure_kafka, **change}, timeout=30)
+        ktopics.check_reachable({**secure_kafka, **change}, timeout=30)
     assert time.monotonic() - t0 < 10  # not the 30 s timeout
 
 
 def test_plain_text_gets_nothing(secure_kafka):
     with pytest.raises(StokerError, match="did not answer"):
-        skafka.check_reachable({"bootstrap.servers": secure_kafka["bootstrap.servers"]}, timeout=3)
+        ktopics.check_reachable({"bootstrap.servers": secure_kafka["bootstrap.servers"]}, timeout=3)
 
 
 def test_status_names_the_settings_not_the_password(secure_kafka):
@@ -73,7 +73,7 @@ def test_a_password_file_stands_for_the_password(secure_kafka, tmp_path, monkeyp
     base = {k: v for k, v in secure_kafka.items() if k != "sasl.password"}
     for f in (plain, as_json):
         monkeypatch.setenv("STOKER_KAFKA_CONFIG", json.dumps({**base, "sasl.password.file": str(f)}))
-        assert skafka.check_reachable(config_from_env(), timeout=10) == 1
+        assert ktopics.check_reachable(config_from_env(), timeout=10) == 1
     monkeypatch.setenv("STOKER_KAFKA_CONFIG", json.dumps({**base, "sasl.password.file": str(tmp_path / "gone")}))
     with pytest.raises(ConfigError, match="sasl.password.file = .*gone.*cannot be read"):
         config_from_env()

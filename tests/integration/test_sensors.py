@@ -8,11 +8,12 @@ import time
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from stoker import kafka as skafka
-from stoker import records
-from stoker.manifest import Manifest, PartitionRange, write_manifest
-from stoker_airflow.sensors import KafkaLagSensor, KafkaPublishedSensor
-from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.run import records
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
+from stoker_airflow.sensors.kafka import KafkaLagSensor, KafkaPublishedSensor
+from stoker_airflow.triggers.kafka import KafkaLagTrigger, KafkaPublishedTrigger
 
 pytestmark = pytest.mark.integration
 SEQ_LEN = 8
@@ -24,7 +25,7 @@ def published(kafka_config, tmp_path):
     from confluent_kafka import Producer
 
     topic = f"stoker.sensors.{time.time_ns()}.a1"
-    skafka.create_topic(kafka_config, topic, 2)
+    ktopics.create_topic(kafka_config, topic, 2)
     producer = Producer({**kafka_config, "transactional.id": topic, "acks": "all"})
     producer.init_transactions(30)
     producer.begin_transaction()
@@ -33,7 +34,7 @@ def published(kafka_config, tmp_path):
                          value=records.encode_value(range(SEQ_LEN + 1), "uint16"),
                          headers=records.encode_headers("t/2026-12-01", "uint16"))
     producer.commit_transaction(30)
-    ends = skafka.stable_end_offsets(kafka_config, topic)
+    ends = koffsets.stable_end_offsets(kafka_config, topic)
     m = Manifest(run_id="t/2026-12-01", corpus="t", ds="2026-12-01", topic=topic,
                  partitions=[PartitionRange(partition=0, start_offset=0, end_offset=ends[0], sequences=5),
                              PartitionRange(partition=1, start_offset=0, end_offset=ends[1], sequences=3)],
@@ -42,7 +43,7 @@ def published(kafka_config, tmp_path):
                  sequences=8, source_uri="/x")
     write_manifest(tmp_path, m)
     yield m, str(tmp_path / "manifest.json")
-    skafka.delete_topics(kafka_config, [topic])
+    ktopics.delete_topics(kafka_config, [topic])
 
 
 def _run(trigger):
@@ -84,7 +85,7 @@ def test_lag_sensor_follows_a_consumer_group(kafka_config, published, caplog):
     group = f"trainer-{time.time_ns()}"
     sensor = KafkaLagSensor(task_id="lag", manifest_path=path, group_id=group, poll_interval=0.2, timeout=2)
     assert sensor.poke({}) is False  # nothing committed: the whole run is lag
-    skafka.commit_offsets(kafka_config, group, m.topic, {0: 3, 1: 1})
+    koffsets.commit_offsets(kafka_config, group, m.topic, {0: 3, 1: 1})
     _m, report = sensor._report()
     assert [p.lag for p in report.partitions] == [m.partitions[0].end_offset - 3, m.partitions[1].end_offset - 1]
     assert report.lag_tokens == report.lag * SEQ_LEN
@@ -94,7 +95,7 @@ def test_lag_sensor_follows_a_consumer_group(kafka_config, published, caplog):
     with pytest.raises(AirflowFailException, match=f"consumer group {group} still lags"):
         sensor.execute_complete({}, timeout)
 
-    skafka.commit_offsets(kafka_config, group, m.topic, m.end_offsets())
+    koffsets.commit_offsets(kafka_config, group, m.topic, m.end_offsets())
     assert sensor.poke({}) is True
     done = _run(KafkaLagTrigger(topic=m.topic, group_id=group, end=m.end_offsets(), tokens_per_message=SEQ_LEN))
     assert done["status"] == "caught_up" and done["consumed_fraction"] == 1.0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stoker import kafka as skafka
 from stoker.exceptions import StackError
+from stoker.kafka import topics as ktopics
 from stoker_local import broker as stack
 from stoker_local.servers import free_ports
 
@@ -28,7 +28,7 @@ def test_broker_up_is_idempotent_and_down_stops_exactly_it(tmp_path):
         pid = stack.status(broker)["pid"]
         assert pid and stack.status(broker)["running"]
         assert stack.up(broker) == broker and stack.status(broker)["pid"] == pid  # no second broker
-        assert skafka.check_reachable(broker.client_config()) == 1
+        assert ktopics.check_reachable(broker.client_config()) == 1
         # a second stack on the same port refuses clearly instead of fighting over it
         with pytest.raises(StackError, match=f"port {port} is in use"):
             stack.up(stack.Broker(home=tmp_path / "other", port=port))

@@ -18,11 +18,12 @@ from spark_jobs import steps
 from spark_jobs.streams import BOM
 from spark_jobs.tokenization import load_tokenizer
 from spark_jobs.tokenize_publish import run_job
-from stoker import kafka as skafka
-from stoker import records
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
 from stoker.layout import RunLayout, tasks_topic
-from stoker.manifest import read_manifest
-from stoker.runs import training_skipped
+from stoker.reports.runs import training_skipped
+from stoker.run import records
+from stoker.run.manifest import read_manifest
 from stoker_airflow.launcher import TrainerLauncher
 
 pytestmark = pytest.mark.integration
@@ -80,7 +81,7 @@ def test_counts_decode_and_offsets(spark, kafka_config, small_cfg, tmp_path):
     assert {base64.b64decode(r["raw_base64"]) for r in rows if r["reason"] != "duplicate"} == {b for b, _ in BAD}
 
     # every published sequence decodes back to exactly the tokens of the kept documents
-    msgs = skafka.read_all(kafka_config, topic)
+    msgs = koffsets.read_all(kafka_config, topic)
     assert len(msgs) == m.sequences
     tok = load_tokenizer(m.tokenizer_path)
     docs, order = _documents_from_topic(msgs, tok.token_to_id("<|endoftext|>"))
@@ -89,18 +90,18 @@ def test_counts_decode_and_offsets(spark, kafka_config, small_cfg, tmp_path):
     assert m.tokens == sum(len(d) + 1 for d in docs)
 
     # manifest offsets are the topic's end offsets, and per-partition counts are what a consumer sees
-    assert m.end_offsets() == skafka.end_offsets(kafka_config, topic)
+    assert m.end_offsets() == koffsets.end_offsets(kafka_config, topic)
     seen = Counter(msg.partition() for msg in msgs)
     assert {p.partition: p.sequences for p in m.partitions} == {p: seen.get(p, 0) for p in range(4)}
     # nothing else under the run's name but its task log (the operator deletes it once the manifest is written)
-    left = skafka.list_topics(kafka_config, "stoker.test.20261201.")
+    left = ktopics.list_topics(kafka_config, "stoker.test.20261201.")
     assert not [t for t in left if t not in (topic, tasks_topic(topic))]
 
 
 def _held_out_docs(folder: Path) -> tuple[list[tuple[int, ...]], Counter]:
     """The documents of a run's held-out files (their flattened tokens cut by ``doc_tokens``), and their
     UTF-8 bytes per source file."""
-    from stoker.holdout import read_part
+    from stoker.run.holdout import read_part
 
     docs: list[tuple[int, ...]] = []
     nbytes: Counter = Counter()
@@ -118,13 +119,13 @@ def test_held_out_documents_never_reach_the_topic_and_the_manifest_accounts_for_
                                                                                       tmp_path):
     import unicodedata
 
-    from stoker.holdout import held_out
+    from stoker.run.holdout import held_out
 
     small_cfg.eval = dataclasses.replace(small_cfg.eval, holdout_per_mille=100)
     topic = "stoker.test.20261212.a1"
     m = run_job(spark, small_cfg, ds="2026-12-12", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
     tok = load_tokenizer(m.tokenizer_path)
-    published, _ = _documents_from_topic(skafka.read_all(kafka_config, topic), tok.token_to_id("<|endoftext|>"))
+    published, _ = _documents_from_topic(koffsets.read_all(kafka_config, topic), tok.token_to_id("<|endoftext|>"))
     held, nbytes = _held_out_docs(RunLayout(tmp_path / "run").holdout)
 
     # chosen by the digest of the clean text: the same documents a run of any shape would hold out
@@ -140,7 +141,7 @@ def test_held_out_documents_never_reach_the_topic_and_the_manifest_accounts_for_
     assert h["bytes"] == sum(len(t.encode()) for t in chosen) == sum(nbytes.values())
     assert {r["path"]: r["bytes"] for r in h["sources"]} == dict(nbytes)
     assert h["tokens"] == sum(len(d) + 1 for d in held) and m.tokens == sum(len(d) + 1 for d in published)
-    assert m.sequences == len(skafka.read_all(kafka_config, topic)) and h["sequences"] >= 1
+    assert m.sequences == len(koffsets.read_all(kafka_config, topic)) and h["sequences"] >= 1
     assert read_manifest(tmp_path / "run").holdout == h
 
 
@@ -150,8 +151,8 @@ def test_failed_spark_task_is_retried_without_loss_or_duplicates(spark, kafka_co
     # the first attempt of Spark partition 1 dies after producing 2 sequences
     m = run_job(spark, small_cfg, ds="2026-12-02", topic=topic, run_dir=tmp_path / "run",
                 kafka_config=kafka_config, fail=(1, 2))
-    committed = skafka.read_all(kafka_config, topic)
-    everything = skafka.read_all(kafka_config, topic, committed_only=False)
+    committed = koffsets.read_all(kafka_config, topic)
+    everything = koffsets.read_all(kafka_config, topic, committed_only=False)
     keys = [msg.key() for msg in committed]
     assert len(keys) == len(set(keys)) == m.sequences  # each sequence exactly once
     tasks = {records.parse_key(k)[0] for k in keys}
@@ -163,7 +164,7 @@ def test_failed_spark_task_is_retried_without_loss_or_duplicates(spark, kafka_co
     # a clean run of the same data publishes the same sequences (keys and bytes)
     clean = run_job(spark, small_cfg, ds="2026-12-03", topic="stoker.test.20261203.a1", run_dir=tmp_path / "c",
                     kafka_config=kafka_config)
-    clean_msgs = skafka.read_all(kafka_config, clean.topic)
+    clean_msgs = koffsets.read_all(kafka_config, clean.topic)
     assert sorted((x.key(), x.value()) for x in clean_msgs) == sorted((x.key(), x.value()) for x in committed)
     assert m.holdout["docs"] > 0 and {k: v for k, v in m.holdout.items() if k != "path"} == {
         k: v for k, v in clean.holdout.items() if k != "path"}
@@ -175,7 +176,7 @@ def test_rerun_under_the_same_topic_replaces_it(spark, kafka_config, small_cfg, 
     topic = "stoker.test.20261204.a1"
     first = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
                     kafka_config=kafka_config)
-    published = sorted((x.key(), x.value()) for x in skafka.read_all(kafka_config, topic))
+    published = sorted((x.key(), x.value()) for x in koffsets.read_all(kafka_config, topic))
     # a trainer had checkpointed offsets into the first publication of this topic name
     trainer = RunLayout(tmp_path / "run").trainer(topic)
     trainer.checkpoints.mkdir(parents=True)
@@ -183,7 +184,7 @@ def test_rerun_under_the_same_topic_replaces_it(spark, kafka_config, small_cfg, 
     trainer.publication.write_text(first.publication)
     again = run_job(spark, small_cfg, ds="2026-12-04", topic=topic, run_dir=tmp_path / "run",
                     kafka_config=kafka_config)
-    msgs = skafka.read_all(kafka_config, topic)
+    msgs = koffsets.read_all(kafka_config, topic)
     assert len(msgs) == again.sequences == first.sequences
     # a re-run of the night publishes the same sequences under the same keys, as a new publication
     assert sorted((x.key(), x.value()) for x in msgs) == published
@@ -213,7 +214,7 @@ def test_compressed_files_read_like_plain_ones_and_every_file_is_in_the_lineage(
     # the same documents as the plain files, plus the corrupt file counted as one dropped record
     assert m.docs_in == len(GOOD) + 2 + len(BAD) + 1
     assert m.docs_dropped[steps.CORRUPT_FILE] == 1 and m.docs_kept == len(GOOD)
-    msgs = skafka.read_all(kafka_config, topic)
+    msgs = koffsets.read_all(kafka_config, topic)
     docs, _ = _documents_from_topic(msgs, load_tokenizer(m.tokenizer_path).token_to_id("<|endoftext|>"))
     assert Counter(docs) == Counter(_expected_docs(m.tokenizer_path))
     rows = [json.loads(line) for f in (tmp_path / "run" / "quarantine").glob("part-*.json") for line in f.open()]
@@ -253,7 +254,7 @@ def test_parquet_source_reads_one_document_per_row(spark, kafka_config, small_cf
 
     assert m.docs_in == len(texts) + 2
     assert m.docs_dropped == {steps.DUPLICATE: 2, steps.EMPTY_TEXT: 1, steps.MISSING_TEXT: 1}
-    msgs = skafka.read_all(kafka_config, topic)
+    msgs = koffsets.read_all(kafka_config, topic)
     docs, _ = _documents_from_topic(msgs, load_tokenizer(m.tokenizer_path).token_to_id("<|endoftext|>"))
     assert Counter(docs) == Counter(_expected_docs(m.tokenizer_path))
 
@@ -276,7 +277,7 @@ def test_a_big_file_split_over_many_tasks_publishes_what_one_task_does(spark, ka
     assert split.docs_in == len(GOOD) + 2 + len(BAD) and split.docs_kept == len(GOOD)  # the BOM line kept
     # the same documents, token for token (packed into other windows: each task packs its own records)
     eos = load_tokenizer(whole.tokenizer_path).token_to_id("<|endoftext|>")
-    docs = [Counter(_documents_from_topic(skafka.read_all(kafka_config, m.topic), eos)[0]) for m in (whole, split)]
+    docs = [Counter(_documents_from_topic(koffsets.read_all(kafka_config, m.topic), eos)[0]) for m in (whole, split)]
     assert docs[0] == docs[1] == Counter(_expected_docs(whole.tokenizer_path))
     assert split.tokens == whole.tokens and split.sequences >= whole.sequences
 
@@ -304,7 +305,7 @@ def test_a_night_with_no_usable_document_publishes_an_empty_run(spark, kafka_con
                 kafka_config=kafka_config)
     assert (m.sequences, m.docs_kept, m.docs_in) == (0, 0, len(BAD))
     assert m.docs_dropped == dict(sorted(Counter(r for _, r in BAD).items()))
-    assert skafka.read_all(kafka_config, m.topic) == []
+    assert koffsets.read_all(kafka_config, m.topic) == []
     assert "no usable document" in (training_skipped(m) or "")
 
 
@@ -330,7 +331,7 @@ def test_a_tokenizer_over_65536_ids_publishes_uint32_and_trains_end_to_end(spark
     m = run_job(spark, cfg, ds="2026-12-11", topic=topic, run_dir=tmp_path / "run", kafka_config=kafka_config)
     assert m.dtype == "uint32" and m.vocab_size == tok.get_vocab_size() > 65_536
     assert (m.eos_id, m.pad_id) == (tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>"))
-    ids = {int(t) for msg in skafka.read_all(kafka_config, topic)
+    ids = {int(t) for msg in koffsets.read_all(kafka_config, topic)
            for t in records.decode(msg.value(), msg.headers(), seq_len=m.seq_len).tokens}
     assert tok.token_to_id("<w69999>") in ids and {tok.token_to_id(w) for w in high} <= ids  # nothing wrapped
 
@@ -357,4 +358,4 @@ def test_a_file_rewritten_between_the_passes_fails_the_attempt(spark, kafka_conf
     with pytest.raises(Exception, match=rf"{victim.name} changed while this run read it \(\d+ bytes, modified "):
         pack_publish(spark, staged, small_cfg, inputs, topic, kafka_config, fail=None)
     assert not run.manifest.exists()
-    skafka.delete_topics(kafka_config, [topic, tasks_topic(topic)])
+    ktopics.delete_topics(kafka_config, [topic, tasks_topic(topic)])

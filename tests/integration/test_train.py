@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from trainer_tools import all_keys, keys_by_step, kill_tree, launch_trainer, publish_run, wait_trainer
 
-from stoker import kafka as skafka
-from stoker.lag import compute_lag
-from stoker.manifest import write_manifest
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.kafka.lag import compute_lag
+from stoker.run.manifest import write_manifest
 from training.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def run(kafka_config, sample_corpus, tmp_path):
     m = publish_run(kafka_config, sample_corpus["tokenizer"], tmp_path / "run", partitions=PARTITIONS,
                     per_partition=41, seq_len=SEQ_LEN)
     yield m, tmp_path / "run" / "manifest.json", kafka_config
-    skafka.delete_topics(kafka_config, [m.topic])
+    ktopics.delete_topics(kafka_config, [m.topic])
 
 
 def test_two_ranks_consume_every_sequence_exactly_once(run, tmp_path):
@@ -43,7 +44,7 @@ def test_two_ranks_consume_every_sequence_exactly_once(run, tmp_path):
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["sequences_this_session"] == m.sequences
     # the consumer group ends at the manifest's end offsets: the lag sensor sees 0
-    committed = skafka.committed_offsets(kafka_config, summary["group_id"], m.topic, range(PARTITIONS))
+    committed = koffsets.committed_offsets(kafka_config, summary["group_id"], m.topic, range(PARTITIONS))
     assert compute_lag(m.end_offsets(), committed).lag == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert {"loss", "lr", "tokens_per_s", "data_wait_fraction", "expert_load_max_over_mean"} <= set(rows[0])
@@ -101,7 +102,7 @@ def test_batches_depend_on_the_manifest_and_world_size_only_also_across_a_resume
     assert len(expected) == 2 * 41 and sorted(k for ks in expected.values() for k in ks) == all_keys(m)
     # predicted from the manifest alone: rank r reads partitions r and r+2, and each row comes from the one
     # that advanced least (sequence i is in partition i % 4, in order), so batch s pairs the s-th of each
-    from stoker.records import make_key
+    from stoker.run.records import make_key
 
     assert expected == {(r, s): [make_key(0, 4 * (s - 1) + p).decode() for p in (r, r + 2)]
                         for r in (0, 1) for s in range(1, 42)}
@@ -130,8 +131,8 @@ def test_the_source_reads_the_manifest_range_only_whatever_follows_it(run):
     ends with every offset at the manifest's end."""
     from confluent_kafka import Producer
 
-    from stoker import records
-    from stoker.records import make_key
+    from stoker.run import records
+    from stoker.run.records import make_key
     from training.data.kafka_source import KafkaTokenSource
 
     m, _, kafka_config = run

@@ -25,9 +25,10 @@ from trainer_tools import (
     wait_trainer,
 )
 
-from stoker import kafka as skafka
-from stoker.lag import compute_lag
-from stoker.records import make_key
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.kafka.lag import compute_lag
+from stoker.run.records import make_key
 from training.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,7 @@ def published(kafka_config, sample_corpus, tmp_path_factory):
     reference = sorted(k.decode() for k in committed_keys(kafka_config["bootstrap.servers"], m.topic))
     assert len(reference) == m.sequences
     yield m, folder / "manifest.json", kafka_config, reference
-    skafka.delete_topics(kafka_config, [m.topic])
+    ktopics.delete_topics(kafka_config, [m.topic])
 
 
 @pytest.fixture()
@@ -54,7 +55,7 @@ def run(kafka_config, sample_corpus, tmp_path):
     m = publish_run(kafka_config, sample_corpus["tokenizer"], tmp_path / "run", partitions=PARTITIONS,
                     per_partition=PER_PARTITION)
     yield m, tmp_path / "run" / "manifest.json", kafka_config
-    skafka.delete_topics(kafka_config, [m.topic])
+    ktopics.delete_topics(kafka_config, [m.topic])
 
 
 def rows(out: Path, suffix: str = ".jsonl") -> list[dict]:
@@ -108,7 +109,7 @@ def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, t
     by_rank_step = {(r["rank"], r["step"]): r["keys"] for r in second}
     assert by_rank_step == {(r, s): [make_key(0, 4 * (s - 1) + p).decode() for p in (r, r + 2)]
                             for r in (0, 1) for s in range(ckpt_step + 1, MICRO_STEPS + 1)}
-    committed = skafka.committed_offsets(kafka_config, f"accum-{zero}", m.topic, range(PARTITIONS))
+    committed = koffsets.committed_offsets(kafka_config, f"accum-{zero}", m.topic, range(PARTITIONS))
     assert compute_lag(m.end_offsets(), committed).lag == 0
     # same weights, optimizer and data after the checkpoint: the resumed loss continues the killed life's curve
     resumed = {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > ckpt_step}
@@ -168,5 +169,5 @@ def test_records_deleted_before_training_read_them_fail_the_night(run, tmp_path)
     assert failure["reason"] == "data_lost"
     assert f"{m.topic} partition 1: offset 0 is no longer in the topic (its earliest offset is now 20" in \
         failure["message"], failure
-    committed = skafka.committed_offsets(kafka_config, "expired", m.topic, range(PARTITIONS))
+    committed = koffsets.committed_offsets(kafka_config, "expired", m.topic, range(PARTITIONS))
     assert compute_lag(m.end_offsets(), committed).lag > 0

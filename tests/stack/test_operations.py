@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 from trainer_tools import pretrain_deepseek
 
-from stoker import kafka as skafka
-from stoker.manifest import read_manifest
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.run.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 STACK_HOME = Path(os.environ["STOKER_HOME"]) / "stack-it"  # inside the suite's state folder
@@ -243,7 +244,7 @@ def _gated_night(home: Path, sample_corpus: dict[str, Path], texts: list[str]) -
     import random
     import unicodedata
 
-    from stoker.holdout import held_out
+    from stoker.run.holdout import held_out
 
     def kept(t: str) -> bool:  # the tenth of documents the night holds out (eval.holdout_per_mille 100)
         return held_out(hashlib.sha256(t.encode()).digest(), 100)
@@ -305,7 +306,7 @@ def _kafka(s: StackEnv) -> dict[str, str]:
 
 
 def _sequences(s: StackEnv, topic: str) -> list[tuple[bytes, bytes]]:
-    return sorted((m.key(), m.value()) for m in skafka.read_all(_kafka(s), topic))
+    return sorted((m.key(), m.value()) for m in koffsets.read_all(_kafka(s), topic))
 
 
 def _check_run(s: StackEnv, corpus: str, ds: str) -> dict:
@@ -314,7 +315,7 @@ def _check_run(s: StackEnv, corpus: str, ds: str) -> dict:
     m = read_manifest(run_dir)
     seqs = _sequences(s, m.topic)
     assert len(seqs) == len({k for k, _ in seqs}) == m.sequences > 0
-    assert skafka.end_offsets(_kafka(s), m.topic) == m.end_offsets()
+    assert koffsets.end_offsets(_kafka(s), m.topic) == m.end_offsets()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["training"]["sequences_consumed"] == m.sequences
     return {"manifest": m, "sequences": seqs, "manifest_bytes": (run_dir / "manifest.json").read_bytes()}
@@ -442,7 +443,7 @@ def test_cli_backfill_two_nights_then_rerun_one(local_stack: StackEnv):
     assert rerun["parent"]["ds"] == nights[0] and rerun["topic"] == after["manifest"].topic  # from its parent again
     assert after["manifest"].topic != topics[again]  # a new attempt-scoped topic...
     assert after["sequences"] == before[again]["sequences"]  # ...holding exactly the same sequences
-    assert topics[again] not in skafka.list_topics(_kafka(s))  # the replaced attempt's topic is gone
+    assert topics[again] not in ktopics.list_topics(_kafka(s))  # the replaced attempt's topic is gone
     for ds in nights:
         if ds != again:
             assert (s.home / "runs" / "nightly" / ds / "manifest.json").read_bytes() == before[ds]["manifest_bytes"]
@@ -532,7 +533,7 @@ def test_a_held_night_waits_for_a_person_in_the_ui_and_a_terminal_answers_throug
     from playwright.sync_api import expect, sync_playwright
 
     from stoker.layout import LineLayout
-    from stoker.lines import head
+    from stoker.lines.nights import head
 
     s, dag, night = local_stack, "refresh_gated", GATED_NIGHT
     line = LineLayout(s.home / "lines" / "gated")

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from stoker.files import atomic_write_json
 from stoker.layout import LineLayout, RunLayout
-from stoker.manifest import Manifest, PartitionRange, atomic_write_json, write_manifest
-from stoker.runs import record_stage
+from stoker.reports.runs import record_stage
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 from stoker_local.cli import main
 
 pytestmark = pytest.mark.unit
@@ -114,7 +115,7 @@ def test_ctrl_c_gives_back_the_line_lease_of_the_interrupted_night(home, monkeyp
     its lease would keep the line's next night waiting forever."""
     import os
 
-    from stoker.lease import LeaseHolder, lease_holder, take_lease
+    from stoker.lines.lease import LeaseHolder, lease_holder, take_lease
     from stoker_local import refresh as cli
 
     corpora = home / "corpora"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.config import load_corpus
+from stoker.config.corpus import load_corpus
 from stoker.paths import corpora_dir
 from stoker_local.cli import backfill_limits
 

@@ -91,9 +91,10 @@ def test_the_image_installs_the_lock_with_the_makefiles_uv(compose):
     assert "openjdk-17" in dockerfile  # Spark needs a JVM
     assert "python:3.11" in dockerfile
     # s3:// corpora: the S3A jars where stoker.connectors looks for them, from the same pom as `make setup`
-    from stoker.connectors import HADOOP_VERSION
+    from stoker.stores.connectors import HADOOP_VERSION
 
-    assert "COPY stoker/connectors/pom.xml" in dockerfile and (REPO / "stoker/connectors/pom.xml").is_file()
+    pom = "stoker/stores/connectors/pom.xml"
+    assert f"COPY {pom}" in dockerfile and (REPO / pom).is_file()
     assert f"-DoutputDirectory=/opt/stoker-cache/s3a-{HADOOP_VERSION}/jars" in dockerfile
     assert "STOKER_CACHE=/opt/stoker-cache" in dockerfile
 
@@ -182,7 +183,7 @@ def test_connections_point_at_the_services(compose, monkeypatch):
 
 
 def test_stoker_settings_are_read_by_the_code_and_the_corpora_load(compose):
-    from stoker.config import load_all
+    from stoker.config.corpus import load_all
 
     code = code_text()
     for name, svc in compose["services"].items():
@@ -300,7 +301,7 @@ def test_the_celery_profile_runs_train_on_a_gpu_worker_and_the_rest_on_the_defau
     import subprocess
     import sys
 
-    from stoker.config import load_all
+    from stoker.config.corpus import load_all
 
     compose = yaml.safe_load(interpolate((REPO / "docker-compose.yaml").read_text(),
                                          {**ENV, "STOKER_EXECUTOR": "CeleryExecutor"}))

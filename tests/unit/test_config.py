@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from stoker import paths
-from stoker.config import load_all, load_corpus, parse_corpus
+from stoker.config.corpus import load_all, load_corpus, parse_corpus
 from stoker.exceptions import ConfigError
 
 pytestmark = pytest.mark.unit

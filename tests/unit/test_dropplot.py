@@ -9,7 +9,7 @@ import re
 import pytest
 
 from spark_jobs.quarantine import _first_per_reason, preview
-from stoker.dropplot import drops_svg, samples_html
+from stoker.reports.dropplot import drops_svg, samples_html
 
 pytestmark = pytest.mark.unit
 

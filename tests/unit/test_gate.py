@@ -1,4 +1,4 @@
-"""The promotion gate (stoker/gate.py): the decision from an evaluation, a held night never continued, the
+"""The promotion gate (stoker/lines/gate.py): the decision from an evaluation, a held night never continued, the
 line's lease handed from the train task to the task that decides."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 from test_line_rules import _join  # tests/unit/test_line_rules.py
 
 from stoker.exceptions import StokerError
-from stoker.gate import decide, human_decision, record_decision, regressions
 from stoker.layout import LineLayout
-from stoker.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_holder, take_lease
-from stoker.lines import blessed, head, plan, read_night
+from stoker.lines.gate import decide, human_decision, record_decision, regressions
+from stoker.lines.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_holder, take_lease
+from stoker.lines.nights import blessed, head, read_night
+from stoker.lines.parents import choose_parent
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +68,7 @@ def test_a_held_night_stays_in_the_history_and_the_next_night_continues_the_bles
     assert "Decision: **held** by gate" in night.card.read_text() and "| night | 20 | 4.0000" in night.card.read_text()
     assert [n.folder.name for n in line.nights()] == ["2026-12-01.c", "2026-12-02.c"]  # still in the history
     assert head(line)["ds"] == "2026-12-01"
-    nxt = plan(line, "2026-12-03", "c", "random", "branch")
+    nxt = choose_parent(line, "2026-12-03", "c", "random", "branch")
     assert (nxt.ds, nxt.role) == ("2026-12-01", "head")
     # a decision made again (a re-run of the task) replaces the card's table, never appends a second one
     record_decision(night, result, decide(result, "head", 2.0, 0.01))
@@ -98,7 +99,7 @@ def test_a_person_promotes_a_held_night_or_rolls_back_the_head_and_the_gates_dec
     assert back["decision"] == "rolled_back"  # the same person again: every earlier decision kept, newest first
     assert [back["previous"]["decision"], back["previous"]["previous"]["decision"]] == ["promoted", "held"]
     assert head(line)["ds"] == "2026-12-01"
-    assert (plan(line, "2026-12-03", "c", "random", "branch").ds) == "2026-12-01"
+    assert (choose_parent(line, "2026-12-03", "c", "random", "branch").ds) == "2026-12-01"
 
 
 def test_a_held_night_cannot_be_promoted_once_the_line_moved_on(tmp_path):
@@ -141,7 +142,7 @@ def test_the_train_task_hands_the_lines_lease_to_the_task_that_decides(tmp_path)
 
 
 def test_lines_show_marks_each_nights_decision_and_plots_its_figure(tmp_path, monkeypatch):
-    from stoker import catalog
+    from stoker.reports import catalog
 
     monkeypatch.setenv("STOKER_HOME", str(tmp_path))
     line = LineLayout.of("l")
@@ -158,10 +159,10 @@ def test_lines_show_marks_each_nights_decision_and_plots_its_figure(tmp_path, mo
 
 
 def test_the_review_step_shows_the_figures_and_names_who_answered_or_that_nobody_did():
+    from stoker.config.eval import REVIEWS, EvalConfig
     from stoker.exceptions import ConfigError
-    from stoker.gate import CHOICES, REVIEW_OPTIONS
-    from stoker.holdout import REVIEWS, EvalConfig
-    from stoker_airflow.review import figures_markdown, who_answered
+    from stoker.lines.gate import CHOICES, REVIEW_OPTIONS
+    from stoker_airflow.operators.review import figures_markdown, who_answered
 
     assert sorted(REVIEW_OPTIONS.values()) == sorted(CHOICES) and REVIEWS[1:] == tuple(CHOICES)
     forgot = _result(night=(2.10, 2.30, 0.02), **{"forgetting:2026-12-01.a": (2.60, 2.40, 0.01)})
@@ -175,9 +176,9 @@ def test_the_review_step_shows_the_figures_and_names_who_answered_or_that_nobody
 
 
 def test_lm_eval_figures_go_to_the_card_and_runs_show_beside_the_gates_and_do_not_decide(tmp_path):
-    from stoker.config import ConfigError
-    from stoker.holdout import EvalConfig
-    from stoker.runs import _render_eval
+    from stoker.config.corpus import ConfigError
+    from stoker.config.eval import EvalConfig
+    from stoker.reports.runs import _render_eval
 
     line = LineLayout(tmp_path / "line")
     _join(line, tmp_path, "2026-12-01")

@@ -9,9 +9,10 @@ import os
 import pytest
 from test_line_rules import _join  # tests/unit: a night planned and promoted as the train task does
 
-from stoker.gc import HOLD, freed_bytes, plan_gc
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines import head, plan
+from stoker.lines.nights import head
+from stoker.lines.parents import choose_parent
+from stoker.reports.gc import HOLD, freed_bytes, plan_gc
 from stoker_local.cli import main
 
 pytestmark = pytest.mark.unit
@@ -55,11 +56,11 @@ def test_old_nights_lose_their_checkpoint_never_the_head_the_last_join_or_a_held
     whole = plan_gc(keep_checkpoints=1, keep_nights=2)
     assert {(r.what, r.path.rsplit("/", 1)[-1]) for r in whole} == {
         ("night", "2026-12-02.web"), ("night", "2026-12-03.web")}  # the newest joins kept: 11-20 (last), 12-04 (head)
-    from stoker.gc import apply
+    from stoker.reports.gc import apply
 
     apply(whole)
     assert [n.folder.name for n in line.nights()] == ["2026-11-20.web", "2026-12-01.web", "2026-12-04.web"]
-    assert head(line) == top and plan(line, "2026-12-05", "web", "random", "branch").ds == "2026-12-04"
+    assert head(line) == top and choose_parent(line, "2026-12-05", "web", "random", "branch").ds == "2026-12-04"
 
 
 def test_freed_bytes_count_a_hard_link_once_and_only_when_every_link_goes(tmp_path):

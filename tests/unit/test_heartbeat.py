@@ -43,7 +43,7 @@ def _as_if_on_another_host(files: TrainerFiles) -> None:
 
 def test_a_trainer_on_a_lost_host_is_called_lost_and_a_live_one_followed(tmp_path, monkeypatch):
     from stoker_airflow.launcher import TrainerLauncher, supervise
-    from stoker_airflow.triggers import TRAINER_LOST, trainer_exit
+    from stoker_airflow.triggers.kafka import TRAINER_LOST, trainer_exit
 
     monkeypatch.setattr(process, "HEARTBEAT_STALE_S", 1.0)
     files = TrainerFiles(tmp_path / "train" / "stoker.web.20261201.a1")
@@ -66,7 +66,7 @@ def test_a_trainer_on_a_lost_host_is_called_lost_and_a_live_one_followed(tmp_pat
 
 def test_the_heartbeat_ends_with_its_shell_and_an_exit_code_wins(tmp_path):
     from stoker_airflow.launcher import supervise
-    from stoker_airflow.triggers import trainer_exit
+    from stoker_airflow.triggers.kafka import trainer_exit
 
     files = TrainerFiles(tmp_path / "t")
     files.folder.mkdir()

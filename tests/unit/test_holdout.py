@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from spark_jobs import steps
-from stoker.config import parse_corpus
+from stoker.config.corpus import parse_corpus
 from stoker.exceptions import ConfigError
-from stoker.holdout import HoldoutPart, account, held_out
+from stoker.run.holdout import HoldoutPart, account, held_out
 
 pytestmark = pytest.mark.unit
 
@@ -62,8 +62,8 @@ def test_forgetting_is_measured_on_the_latest_earlier_nights_of_the_lineage_that
                                                                                                     monkeypatch):
     import json
 
-    from stoker.holdout import baseline_model, eval_sets
     from stoker.layout import LineLayout
+    from stoker.lines.eval_sets import baseline_model, eval_sets
 
     monkeypatch.setenv("STOKER_HOME", str(tmp_path))
     line = LineLayout.of("l")
@@ -95,7 +95,7 @@ def test_the_evaluate_task_takes_the_trainers_scores_only_for_this_export_baseli
     import os
 
     from stoker.layout import TrainerFiles
-    from stoker_airflow.evaluation import trainer_scores
+    from stoker_airflow.operators.evaluate import trainer_scores
 
     files = TrainerFiles(tmp_path / "t")
     files.export.mkdir(parents=True)

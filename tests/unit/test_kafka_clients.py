@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from stoker import kafka_clients
+from stoker.kafka import clients as kafka_clients
 
 pytestmark = pytest.mark.unit
 
@@ -60,8 +60,8 @@ def test_list_offsets_asks_again_while_a_partitions_leadership_settles(code):
     # a topic just made on a 3-node cluster answered list_offsets with UNKNOWN_LEADER_EPOCH and failed a publish
     from confluent_kafka import KafkaError, KafkaException
 
-    from stoker import kafka as skafka
     from stoker.exceptions import StokerError
+    from stoker.kafka import offsets as koffsets
 
     def failed(c: int) -> StokerError:
         try:
@@ -69,8 +69,8 @@ def test_list_offsets_asks_again_while_a_partitions_leadership_settles(code):
         except StokerError as e:
             return e
 
-    assert skafka._retriable(failed(getattr(KafkaError, code)))
-    assert not skafka._retriable(failed(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    assert koffsets._retriable(failed(getattr(KafkaError, code)))
+    assert not koffsets._retriable(failed(KafkaError.TOPIC_AUTHORIZATION_FAILED))
 
 
 def test_a_topics_transient_metadata_error_is_asked_again_and_only_unknown_means_absent(monkeypatch):
@@ -80,14 +80,14 @@ def test_a_topics_transient_metadata_error_is_asked_again_and_only_unknown_means
 
     from confluent_kafka import KafkaError
 
-    from stoker import kafka as skafka
+    from stoker.kafka import topics as ktopics
 
     answers = [KafkaError(KafkaError.LEADER_NOT_AVAILABLE), None, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)]
 
     def list_topics(topic: str, timeout: float) -> SimpleNamespace:
         return SimpleNamespace(topics={topic: SimpleNamespace(error=answers.pop(0), partitions={0: 0, 1: 1})})
 
-    monkeypatch.setattr(skafka, "admin", lambda config: SimpleNamespace(list_topics=list_topics))
-    monkeypatch.setattr(skafka.time, "sleep", lambda s: None)
-    assert skafka.topic_partitions(NOWHERE, "t") == 2  # asked again past the settling leader
-    assert skafka.topic_partitions(NOWHERE, "t") is None and not answers
+    monkeypatch.setattr(ktopics, "admin", lambda config: SimpleNamespace(list_topics=list_topics))
+    monkeypatch.setattr(ktopics.time, "sleep", lambda s: None)
+    assert ktopics.topic_partitions(NOWHERE, "t") == 2  # asked again past the settling leader
+    assert ktopics.topic_partitions(NOWHERE, "t") is None and not answers

@@ -1,7 +1,7 @@
 import pytest
 
 from stoker.exceptions import StokerError
-from stoker.lag import compute_lag
+from stoker.kafka.lag import compute_lag
 
 pytestmark = pytest.mark.unit
 

@@ -22,8 +22,8 @@ from stoker.layout import (
     run_topic,
     tasks_topic,
 )
-from stoker.manifest import Manifest
 from stoker.process import ProcessRecord, start_ticks
+from stoker.run.manifest import Manifest
 from stoker_airflow.launcher import TrainerLauncher
 
 pytestmark = pytest.mark.unit

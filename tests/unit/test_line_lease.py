@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from stoker.layout import RunLayout
-from stoker.lease import LeaseHolder, lease_holder
-from stoker.manifest import Manifest, PartitionRange, write_manifest
+from stoker.lines.lease import LeaseHolder, lease_holder
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +30,8 @@ def _ti(corpus: str, try_number: int = 1) -> SimpleNamespace:
 
 
 def _operator(home, corpus: str, retries: int = 2):
-    from stoker.lines import LineSettings
-    from stoker_airflow.operators import DeepSpeedTrainOperator
+    from stoker.lines.parents import LineSettings
+    from stoker_airflow.operators.train import DeepSpeedTrainOperator
 
     run = RunLayout.of(corpus, "2026-12-01")
     write_manifest(run.run_dir, _manifest(corpus))
@@ -68,7 +68,7 @@ def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_ke
 
     layout = lines.LineSettings(line="pair").layout
     op = _operator(home, "pair_a", retries=2)
-    import stoker_airflow.operators as ops
+    import stoker_airflow.operators.train as ops
 
     monkeypatch.setattr(ops, "join_line", lambda *a: SimpleNamespace(folder=home / "night"))
     lines.take_line_lease(lines.LineSettings(line="pair"), _manifest("pair_a"), _ti("pair_a"))
@@ -86,8 +86,8 @@ def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_ke
 
 
 def test_a_holder_whose_task_is_over_is_taken_over_and_a_retry_keeps_its_own(home):
-    from stoker.lease import give_back_lease, take_lease
-    from stoker.lines import LineSettings
+    from stoker.lines.lease import give_back_lease, take_lease
+    from stoker.lines.parents import LineSettings
 
     layout = LineSettings(line="pair").layout
     assert take_lease(layout, _holder("pair_a"), holder_alive=lambda h: True) is None

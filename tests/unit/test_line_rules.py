@@ -1,4 +1,4 @@
-"""Model-line rules (stoker/lines.py) on plain files: parents, heads, older nights, the tokenizer
+"""Model-line rules (stoker/lines/nights.py) on plain files: parents, heads, older nights, the tokenizer
 agreement, the promotion and the model card."""
 
 from __future__ import annotations
@@ -11,20 +11,13 @@ import pytest
 import yaml
 
 from stoker import paths
-from stoker.config import parse_corpus
+from stoker.config.corpus import parse_corpus
 from stoker.exceptions import ConfigError, StokerError
 from stoker.layout import CHECKPOINT_COMPLETE, LineLayout, NightFiles
-from stoker.lines import (
-    Night,
-    Parent,
-    TokenizerFacts,
-    check_agreement,
-    head,
-    model_card,
-    plan,
-    promote,
-    tokenizer_facts,
-)
+from stoker.lines.nights import Night, Parent, head
+from stoker.lines.parents import check_agreement, choose_parent
+from stoker.lines.promotion import model_card, promote
+from stoker.run.tokenizer import TokenizerFacts, tokenizer_facts
 
 pytestmark = pytest.mark.unit
 SAMPLE = paths.REPO_ROOT / "corpora" / "sample.yaml"
@@ -42,7 +35,7 @@ def _night(line: str, ds: str, parent: dict, sha: str = "a" * 64, lineage: list 
 
 def _join(line: LineLayout, tmp_path, ds: str, corpus: str = "c", init: str = "random") -> Night:
     """Night (ds, corpus) planned and promoted into the line, as the train task does it."""
-    parent = plan(line, ds, corpus, init, "branch")
+    parent = choose_parent(line, ds, corpus, init, "branch")
     lineage = json.loads(NightFiles(Path(parent.path)).record.read_text())["lineage"] if parent.kind == "night" \
         else None
     n = _night(line.name, ds, parent.to_dict(), lineage=lineage, corpus=corpus)
@@ -57,22 +50,22 @@ def _join(line: LineLayout, tmp_path, ds: str, corpus: str = "c", init: str = "r
 
 def test_each_night_continues_the_head_and_older_ones_branch(tmp_path):
     line = LineLayout(tmp_path / "l")
-    first = plan(line, "2026-12-01", "c", "random", "branch")
+    first = choose_parent(line, "2026-12-01", "c", "random", "branch")
     assert (first.kind, first.role) == ("random", "head")
     _join(line, tmp_path, "2026-12-01")
     _join(line, tmp_path, "2026-12-02")
     assert head(line)["ds"] == "2026-12-02"
-    nxt = plan(line, "2026-12-03", "c", "random", "branch")
+    nxt = choose_parent(line, "2026-12-03", "c", "random", "branch")
     assert (nxt.kind, nxt.ds, nxt.role) == ("night", "2026-12-02", "head")
     # a re-run of the head night starts again from its parent, and may replace the head
-    rerun = plan(line, "2026-12-02", "c", "random", "branch")
+    rerun = choose_parent(line, "2026-12-02", "c", "random", "branch")
     assert (rerun.ds, rerun.role) == ("2026-12-01", "head")
     # older than the head: a branch from what precedes it, or refused with what to do
-    old = plan(line, "2026-11-15", "c", "random", "branch")
+    old = choose_parent(line, "2026-11-15", "c", "random", "branch")
     assert (old.kind, old.role) == ("random", "branch")
     with pytest.raises(StokerError, match=r"night 2026-11-15 of corpus c cannot continue line l's head, night "
                                           r"2026-12-02 of corpus c.*train.older_nights: branch"):
-        plan(line, "2026-11-15", "c", "random", "refuse")
+        choose_parent(line, "2026-11-15", "c", "random", "refuse")
     # what is not a night's link is not a night: the store, a promotion's temporary link
     (line.nights_dir / ".2026-12-09.c.link1").mkdir()
     (line.nights_dir / ".2026-12-09.c.link1" / "night.json").write_text("{}")
@@ -83,38 +76,38 @@ def test_two_corpora_feed_one_line_and_neither_replaces_the_others_night(tmp_pat
     line = LineLayout(tmp_path / "l")
     _join(line, tmp_path, "2026-12-01", "web")
     _join(line, tmp_path, "2026-12-01", "code")  # the same date: continues web's night, whichever came first
-    assert plan(line, "2026-12-01", "code", "random", "branch").ds == "2026-12-01"
+    assert choose_parent(line, "2026-12-01", "code", "random", "branch").ds == "2026-12-01"
     assert [n.folder.name for n in line.nights()] == ["2026-12-01.code", "2026-12-01.web"]
     top = head(line)
     assert (top["corpus"], top["seq"], top["parent"]["corpus"]) == ("code", 2, "web")
-    nxt = plan(line, "2026-12-02", "web", "random", "branch")
+    nxt = choose_parent(line, "2026-12-02", "web", "random", "branch")
     assert (nxt.ds, nxt.corpus, nxt.role) == ("2026-12-01", "code", "head")
     _join(line, tmp_path, "2026-12-02", "web")
     assert [(e["ds"], e["corpus"]) for e in head(line)["lineage"][1:]] == [
         ("2026-12-01", "web"), ("2026-12-01", "code"), ("2026-12-02", "web")]  # every night of both corpora
     # a re-run of web's first night must not continue a model that already holds it: a branch from before it
-    rerun = plan(line, "2026-12-01", "web", "random", "branch")
+    rerun = choose_parent(line, "2026-12-01", "web", "random", "branch")
     assert (rerun.kind, rerun.role) == ("random", "branch")
 
 
 def test_a_night_the_line_moved_past_while_it_retried_follows_older_nights(tmp_path):
     line = LineLayout(tmp_path / "l")
     _join(line, tmp_path, "2026-12-01")
-    first_try = plan(line, "2026-12-02", "c", "random", "branch")
+    first_try = choose_parent(line, "2026-12-02", "c", "random", "branch")
     assert (first_try.ds, first_try.role) == ("2026-12-01", "head")
     _join(line, tmp_path, "2026-12-03")  # night 3 trains and joins while night 2 waits for its retry
-    retry = plan(line, "2026-12-02", "c", "random", "branch")
+    retry = choose_parent(line, "2026-12-02", "c", "random", "branch")
     assert (retry.ds, retry.role) == ("2026-12-01", "branch")  # the head stays night 3, which lacks night 2
     with pytest.raises(StokerError, match="cannot continue line l's head, night 2026-12-03"):
-        plan(line, "2026-12-02", "c", "random", "refuse")
+        choose_parent(line, "2026-12-02", "c", "random", "refuse")
 
 
 def test_a_hugging_face_start_must_be_a_model_folder(tmp_path):
     with pytest.raises(ConfigError, match=r"train.init = .*no config.json"):
-        plan(LineLayout(tmp_path / "l"), "2026-12-01", "c", str(tmp_path / "nothing"), "branch")
+        choose_parent(LineLayout(tmp_path / "l"), "2026-12-01", "c", str(tmp_path / "nothing"), "branch")
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")
-    assert plan(LineLayout(tmp_path / "l"), "2026-12-01", "c", str(tmp_path / "hf"), "branch").kind == "hf"
+    assert choose_parent(LineLayout(tmp_path / "l"), "2026-12-01", "c", str(tmp_path / "hf"), "branch").kind == "hf"
 
 
 def test_tokenizer_facts_agree_with_the_tokenizers_library(tmp_path):
@@ -136,7 +129,7 @@ def test_tokenizer_facts_agree_with_the_tokenizers_library(tmp_path):
 def test_a_tokenizer_that_does_not_fit_the_model_fails_naming_both(tmp_path):
     line = LineLayout(tmp_path / "l")
     _join(line, tmp_path, "2026-12-01")
-    parent = plan(line, "2026-12-02", "c", "random", "branch")
+    parent = choose_parent(line, "2026-12-02", "c", "random", "branch")
     mine = TokenizerFacts(path="/new/tokenizer.json", sha256="b" * 64, vocab_size=8192, eos_id=0, pad_id=1)
     with pytest.raises(ConfigError, match=r"/new/tokenizer.json \(sha256 bbbbbbbbbbbb.*night 2026-12-01 of corpus "
                                           r"c in line l.*/t/tokenizer.json \(sha256 aaaaaaaaaaaa"):

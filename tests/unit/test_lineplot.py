@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from stoker.lineplot import COLORS, line_svg
+from stoker.reports.lineplot import COLORS, line_svg
 
 pytestmark = pytest.mark.unit
 

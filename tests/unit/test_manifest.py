@@ -3,7 +3,8 @@ import json
 import pytest
 
 from stoker.exceptions import ManifestError
-from stoker.manifest import Manifest, PartitionRange, atomic_write_json, read_manifest, write_manifest
+from stoker.files import atomic_write_json
+from stoker.run.manifest import Manifest, PartitionRange, read_manifest, write_manifest
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the train extra is part of the lock; this guards partial installs
 
-from stoker.recipes import ModelShape, TrainRecipe, debug_cpu  # noqa: E402
-from stoker.records import PackedSequence  # noqa: E402
+from stoker.config.recipes import ModelShape, TrainRecipe, debug_cpu  # noqa: E402
+from stoker.run.records import PackedSequence  # noqa: E402
 from training.data.batch import make_batch, position_ids  # noqa: E402
 from training.model import ExpertLoad, build_model, routers, update_bias  # noqa: E402
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from stoker.layout import RunLayout
-from stoker.manifest import Manifest, PartitionRange, write_manifest
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 from stoker_local.progress import LiveLine, RunWatcher, last_json_line
 
 pytestmark = pytest.mark.unit

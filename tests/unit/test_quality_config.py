@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from quality_oracle import quality  # tests/quality_oracle.py
 
-from stoker.config import load_corpus
+from stoker.config.corpus import load_corpus
 from stoker.exceptions import ConfigError
 from stoker.paths import REPO_ROOT
-from stoker.quality import by_step, step_of
+from stoker.run.reasons import by_step, step_of
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +58,7 @@ def test_the_web_example_runs_finewebs_chain_with_scrubbing():
 
 
 def test_a_night_whose_drop_rate_jumps_above_its_recent_nights_is_flagged_and_the_step_named():
-    from stoker.quality import drop_rate_alarm
+    from stoker.run.reasons import drop_rate_alarm
 
     usual = [({"invalid_json": 2, "gopher_short_doc": 100 + i, "duplicate": 5}, 1000) for i in range(10)]
     calm = drop_rate_alarm({"invalid_json": 3, "gopher_short_doc": 110, "duplicate": 4}, 1000, usual)
@@ -71,7 +71,7 @@ def test_a_night_whose_drop_rate_jumps_above_its_recent_nights_is_flagged_and_th
 
 
 def test_the_pack_pass_takes_every_reason_but_reading_cleaning_and_dedup_for_a_filters_drop():
-    from stoker.quality import filter_reason
+    from stoker.run.reasons import filter_reason
 
     assert all(filter_reason(r) for r in ("language", "gopher_short_doc", "top_2_gram", "curly_bracket",
                                           "line_punct_ratio", "a_reason_of_a_later_filter"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from stoker.config.recipes import debug_cpu, get_recipe, parse_overrides, with_overrides
 from stoker.exceptions import ConfigError
-from stoker.recipes import debug_cpu, get_recipe, parse_overrides, with_overrides
 from training.train import parse_args
 from training.trainer import resolve_recipe
 

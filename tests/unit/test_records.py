@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from stoker import records
 from stoker.exceptions import RecordError
+from stoker.run import records
 
 pytestmark = pytest.mark.unit
 
@@ -45,9 +45,9 @@ def test_ids_that_do_not_fit_are_refused():
 def test_decode_rejects_foreign_or_torn_messages():
     good = records.encode_value([1, 2, 3], "uint16")
     with pytest.raises(RecordError, match="schema"):
-        records.decode(good, [("stoker.schema", b"99"), ("stoker.dtype", b"uint16")])
+        records.decode(good, [("stoker.config.schema", b"99"), ("stoker.dtype", b"uint16")])
     with pytest.raises(RecordError, match="dtype"):
-        records.decode(good, [("stoker.schema", b"1"), ("stoker.dtype", b"int8")])
+        records.decode(good, [("stoker.config.schema", b"1"), ("stoker.dtype", b"int8")])
     with pytest.raises(RecordError, match="whole number"):
         records.decode(good[:-1], records.encode_headers("r", "uint16"))
     with pytest.raises(RecordError, match="seq_len"):

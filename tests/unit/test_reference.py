@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stoker import paths
-from stoker.reference import PAGE, render, undocumented
+from stoker.config.reference import PAGE, render, undocumented
 
 pytestmark = pytest.mark.unit
 
@@ -22,14 +22,14 @@ def test_every_field_says_what_it_does():
 def test_the_reference_names_every_field_a_corpus_may_set():
     import dataclasses
 
-    from stoker.config import TrainConfig
+    from stoker.config.corpus import TrainConfig
 
     page = PAGE.read_text()
     assert all(f"`train.{f.name}`" in page for f in dataclasses.fields(TrainConfig))
 
 
 def test_the_example_recipe_loads_and_changes_what_it_says(monkeypatch):
-    from stoker.recipes import get_recipe, small_1gpu
+    from stoker.config.recipes import get_recipe, small_1gpu
 
     monkeypatch.setenv("STOKER_CORPORA", str(paths.REPO_ROOT / "corpora"))
     r, base = get_recipe("example"), small_1gpu()

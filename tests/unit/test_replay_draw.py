@@ -1,4 +1,4 @@
-"""train.replay's pure logic: which earlier sequences a night draws (stoker/replay.py), and how the trainer's
+"""train.replay's pure logic: which earlier sequences a night draws (stoker/lines/replay.py), and how the trainer's
 mixer spreads them over the night's batches and resumes them (training/data/replay.py). The mixer's source
 here is a list-backed stand-in with the Kafka source's order rule; the real source, broker and trainer are in
 tests/integration/test_replay.py."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from stoker.exceptions import StokerError
-from stoker.records import PackedSequence
-from stoker.replay import ReplayRows, draw, replay_count, write_rows
+from stoker.lines.replay import ReplayRows, draw, replay_count, write_rows
+from stoker.run.records import PackedSequence
 from training.checkpoint import merge_states
 from training.data.batch import make_batch
 from training.data.replay import ReplayMixer, with_replay

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from stoker.layout import RunLayout, TrainerFiles
-from stoker.manifest import Manifest, PartitionRange, write_manifest
-from stoker_airflow.triggers import TRAINER_LOST
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
+from stoker_airflow.triggers.kafka import TRAINER_LOST
 from training.metrics import counted_steps, open_log, read_log, read_metrics, trained_keys
 
 pytestmark = pytest.mark.unit
@@ -45,7 +45,7 @@ def test_a_relaunch_starts_a_fresh_line_after_a_torn_one(tmp_path):
 
 
 def _operator(tmp_path, retries: int):
-    from stoker_airflow.operators import DeepSpeedTrainOperator
+    from stoker_airflow.operators.train import DeepSpeedTrainOperator
 
     run = RunLayout.of("c", "2026-12-01", root=tmp_path)
     write_manifest(run.run_dir, _manifest())
@@ -147,7 +147,7 @@ def _await_tagged(tag: str, pid: int, timeout: float = 30) -> None:
 def test_a_task_that_fails_for_good_stops_its_trainer(tmp_path, event, failure):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from stoker.manifest import read_manifest
+    from stoker.run.manifest import read_manifest
 
     op = _operator(tmp_path, retries=1)
     files = op._launcher(read_manifest(op.manifest_path)).files

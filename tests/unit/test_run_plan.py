@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from stoker import config
+from stoker.config import corpus as config
 from stoker.exceptions import ConfigError
 from stoker.layout import RunLayout, run_topic
-from stoker.plan import RUN_PARAMS, corpus_of, plan_run, read_plan, refresh_dag
+from stoker.run.plan import RUN_PARAMS, corpus_of, plan_run, read_plan, refresh_dag
 
 pytestmark = pytest.mark.unit
 
@@ -77,7 +77,8 @@ def test_the_dags_param_form_comes_from_the_run_params():
 
 
 def test_the_publish_task_writes_the_plan_and_the_train_task_reads_its_line_from_it(corpus):
-    from stoker_airflow.operators import DeepSpeedTrainOperator, TokenizePublishOperator
+    from stoker_airflow.operators.publish import TokenizePublishOperator
+    from stoker_airflow.operators.train import DeepSpeedTrainOperator
 
     op = TokenizePublishOperator(task_id="t", corpus_path=str(corpus), ds="2026-12-03")
     context = {"params": {"seq_len": 64, "source_uri": "/data/web/{ds}", "spark_partitions": 2},

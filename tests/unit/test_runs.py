@@ -1,6 +1,6 @@
 import pytest
 
-from stoker.runs import record_stage, stage_seconds
+from stoker.reports.runs import record_stage, stage_seconds
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ def test_stage_time_spans_retries_of_one_run_and_resets_for_another(tmp_path):
 
 
 def _empty_night(tmp_path, **extra):
-    from stoker.manifest import Manifest, PartitionRange, write_manifest
+    from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 
     m = Manifest(run_id="c/2026-12-01", corpus="c", ds="2026-12-01", topic="stoker.c.20261201.a1",
                  partitions=[PartitionRange(partition=0, start_offset=0, end_offset=0, sequences=0)],
@@ -29,7 +29,7 @@ def _empty_night(tmp_path, **extra):
 
 
 def test_the_scrubbed_documents_are_shown_only_when_the_night_scrubbed(tmp_path):
-    from stoker.runs import render, summary
+    from stoker.reports.runs import render, summary
 
     _empty_night(tmp_path / "off")
     assert summary(tmp_path / "off")["scrubbed"] is None and "docs scrubbed" not in render(summary(tmp_path / "off"))
@@ -42,8 +42,8 @@ def test_the_scrubbed_documents_are_shown_only_when_the_night_scrubbed(tmp_path)
 def test_a_night_with_no_usable_document_skips_training_and_the_report_says_why(tmp_path):
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from stoker.runs import render, summary
-    from stoker_airflow.operators import DeepSpeedTrainOperator
+    from stoker.reports.runs import render, summary
+    from stoker_airflow.operators.train import DeepSpeedTrainOperator
 
     _empty_night(tmp_path)
     text = render(summary(tmp_path))

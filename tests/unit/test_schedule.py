@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stoker.config import TrainConfig
+from stoker.config.corpus import TrainConfig
 from stoker.exceptions import ConfigError
 from stoker.layout import CHECKPOINT_COMPLETE, FORK_FILE, NightFiles
 from training.schedule import fork_step, lr_plan, wsd_factor
@@ -26,7 +26,7 @@ def test_a_wsd_night_holds_the_peak_then_cools_down_over_its_last_share():
 
 
 def test_the_plan_gives_deepspeed_no_scheduler_of_its_own_for_wsd():
-    from stoker.recipes import debug_cpu
+    from stoker.config.recipes import debug_cpu
 
     recipe = debug_cpu()
     config, client, fork = lr_plan(recipe, "wsd", 0.25, 40, continuing=True)
@@ -40,7 +40,8 @@ def test_the_plan_gives_deepspeed_no_scheduler_of_its_own_for_wsd():
 
 def test_pruning_keeps_the_trunk_and_the_line_joins_it(tmp_path):
     from stoker.layout import LineLayout
-    from stoker.lines import Night, promote
+    from stoker.lines.nights import Night
+    from stoker.lines.promotion import promote
     from training.checkpoint import prune
     from training.inherit import model_folder
 

@@ -29,7 +29,7 @@ def corpus(tmp_path) -> str:
 def test_secrets_reach_the_job_but_no_command_line(corpus, monkeypatch, master, shipped):
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    from stoker_airflow.operators import SECRETS_FILE, TokenizePublishOperator
+    from stoker_airflow.operators.publish import SECRETS_FILE, TokenizePublishOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_T", json.dumps({"conn_type": "spark", "host": master}))
     op = TokenizePublishOperator(task_id="t", corpus_path=corpus, ds="2026-12-01", conn_id="spark_t")
@@ -80,8 +80,8 @@ def test_a_password_file_is_read_in_the_spark_task_and_no_password_is_pickled(tm
     from pyspark.serializers import CloudPickleSerializer
 
     from spark_jobs.pack import pack_publish_batches
-    from stoker.client_config import config_from_env, with_password_file
-    from stoker.config import parse_corpus
+    from stoker.config.corpus import parse_corpus
+    from stoker.kafka.settings import config_from_env, with_password_file
     from stoker.paths import write_private
 
     write_private(tmp_path / "credentials.json", json.dumps({"password": SECRET}))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from stoker.exceptions import SourceError
-from stoker.hdfs import webhdfs_url_for
-from stoker.sources import S3Settings, drop_status, is_data_file, is_data_path, split_s3
+from stoker.stores.drops import drop_status
+from stoker.stores.hdfs import webhdfs_url_for
+from stoker.stores.local import is_data_file, is_data_path
+from stoker.stores.s3 import S3Settings, split_s3
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +58,7 @@ class _Listing:
         return uri.rsplit("/", 1)[1] in self.names
 
     def list_files(self, uri):
-        from stoker.store import FileInfo
+        from stoker.stores.base import FileInfo
 
         return [FileInfo(f"{uri}/{n}", 1) for n in self.names]
 
@@ -91,7 +93,7 @@ def test_connector_and_server_versions_agree_everywhere():
     import subprocess
 
     from stoker import paths
-    from stoker.connectors import HADOOP_VERSION, spark_hadoop_version
+    from stoker.stores.connectors import HADOOP_VERSION, spark_hadoop_version
     from stoker_local.servers import SEAWEEDFS_VERSION
 
     assert spark_hadoop_version() == HADOOP_VERSION
@@ -101,15 +103,15 @@ def test_connector_and_server_versions_agree_everywhere():
                          check=True).stdout.split()
     assert dict(kv.split("=", 1) for kv in out) == {"KAFKA_VER": KAFKA_VERSION, "HADOOP_VER": HADOOP_VERSION,
                                                     "SEAWEEDFS_VER": SEAWEEDFS_VERSION}
-    for pom in ("stoker/connectors/pom.xml", "stoker_local/servers/hdfs/pom.xml"):
+    for pom in ("stoker/stores/connectors/pom.xml", "stoker_local/servers/hdfs/pom.xml"):
         text = (paths.REPO_ROOT / pom).read_text()
         assert f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in text, pom
 
 
 def test_a_corpus_needs_s3_for_its_source_or_its_near_dedup_index():
     # the Spark job gets the S3A jars and the connection's keys for either (an index on S3 beside a local drop)
-    from stoker.config import parse_corpus
-    from stoker.sources import uses_s3
+    from stoker.config.corpus import parse_corpus
+    from stoker.stores.drops import uses_s3
 
     def corpus(uri: str, index: str | None) -> object:
         quality = {"near_dedup": {"enabled": True, "index": index}} if index else {}

@@ -90,7 +90,7 @@ def test_a_pack_task_tokenises_the_kept_records_less_the_duplicates_in_batches()
 
 def test_a_pack_task_counts_the_addresses_scrubbed_in_each_kept_text():
     from spark_jobs.quality import Filters
-    from stoker.config import parse_corpus
+    from stoker.config.corpus import parse_corpus
 
     quality = Filters(parse_corpus({"name": "q", "source": {"uri": "/x"}, "tokenizer": {"path": "t.json"},
                                     "quality": {"pii": {"emails": True, "ips": True}}}).quality)

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from stoker_airflow.triggers import KafkaLagTrigger, KafkaPublishedTrigger
+from stoker_airflow.triggers.kafka import KafkaLagTrigger, KafkaPublishedTrigger
 
 pytestmark = pytest.mark.unit
 
@@ -48,7 +48,7 @@ def test_a_trainer_killed_as_a_whole_is_noticed_without_an_exit_code(tmp_path):
     import json
     import signal
 
-    from stoker_airflow.triggers import TRAINER_LOST, trainer_exit
+    from stoker_airflow.triggers.kafka import TRAINER_LOST, trainer_exit
 
     files, proc = _trainer(tmp_path)
     assert trainer_exit(str(files.rc)) is None  # running
@@ -91,7 +91,7 @@ def test_the_lag_trigger_reports_a_dead_trainer_while_kafka_is_unreachable(tmp_p
 def test_retention_warns_then_fails_while_the_data_is_still_there():
     from datetime import UTC, datetime
 
-    from stoker_airflow.triggers import retention_left, retention_status
+    from stoker_airflow.triggers.kafka import retention_left, retention_status
 
     week = 7 * 24 * 3600 * 1000
     published = datetime(2026, 12, 1, tzinfo=UTC)
@@ -109,7 +109,7 @@ def test_retention_warns_then_fails_while_the_data_is_still_there():
 
 def test_the_lag_trigger_logs_a_changed_line_at_once_and_an_unchanged_one_once_a_minute():
     """It polls every 2 s so a dead trainer is noticed at once; a night of hours must not log every poll."""
-    from stoker_airflow.triggers import PROGRESS_LOG_S, ProgressLog
+    from stoker_airflow.triggers.kafka import PROGRESS_LOG_S, ProgressLog
 
     log = ProgressLog()
     polls = [(t * 2.0, "lag 40 messages" if t < 100 else "lag 20 messages") for t in range(200)]  # 400 s

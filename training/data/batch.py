@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stoker.records import PackedSequence
+from stoker.run.records import PackedSequence
 
 IGNORE = -100
 

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stoker import records
 from stoker.exceptions import StokerError
-from stoker.manifest import Manifest
+from stoker.run import records
+from stoker.run.manifest import Manifest
 from training.data.batch import Batch, make_batch
 
 log = logging.getLogger("stoker.train.source")
@@ -135,7 +135,7 @@ class KafkaTokenSource:
     def _open(self) -> None:
         from confluent_kafka import TopicPartition
 
-        from stoker.kafka_clients import Role, consumer
+        from stoker.kafka.clients import Role, consumer
 
         self._consumer = consumer(self.kafka_config, Role.TRAINER, self.group_id)
         self._pos = {p: self.offsets[p] for p in self.partitions}
@@ -177,10 +177,10 @@ class KafkaTokenSource:
             self._paused.update(full)
 
     def _lost(self, p: int, err: Any) -> None:
-        from stoker import kafka as skafka
+        from stoker.kafka import offsets as koffsets
 
         try:
-            earliest = skafka.start_offsets(self.kafka_config, self.manifest.topic).get(p)
+            earliest = koffsets.start_offsets(self.kafka_config, self.manifest.topic).get(p)
         except Exception:  # noqa: BLE001 - the error below is the news; the earliest offset only helps
             earliest = None
         raise DataLost(f"{self.manifest.topic} partition {p}: offset {self._pos[p]} is no longer in the topic (its "

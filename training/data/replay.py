@@ -1,4 +1,4 @@
-"""Replayed rows mixed into a night's batches (``train.replay``; the draw is :mod:`stoker.replay`'s).
+"""Replayed rows mixed into a night's batches (``train.replay``; the draw is :mod:`stoker.lines.replay`'s).
 
 The rows drawn from earlier nights (``replay.npz`` in the trainer's folder) are dealt to the partitions of the
 night's topic (row ``j`` to the ``j mod P``-th), so they move with their partition when a resume changes the
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.exceptions import StokerError
-from stoker.replay import ReplayRows
+from stoker.lines.replay import ReplayRows
 from training.data.batch import Batch, concat, make_batch
 
 

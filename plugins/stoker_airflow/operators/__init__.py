@@ -1,0 +1,1 @@
+"""Operators of a refresh: publish (Spark), train (DeepSpeed), evaluate, review and report."""

@@ -1,0 +1,1 @@
+"""Async triggers for the triggerer: Kafka's blocking admin calls run in a thread, never on the loop."""

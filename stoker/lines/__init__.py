@@ -1,0 +1,1 @@
+"""Model lines: nights, parents, promotion, the lease, the gate, evaluation sets and replay."""

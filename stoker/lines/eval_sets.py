@@ -1,0 +1,46 @@
+"""The held-out sets a night is scored on: its own and the latest earlier nights' of its lineage,
+against the model it continued (its baseline).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+
+
+def baseline_model(parent: dict[str, Any]) -> Path | None:
+    """The Hugging Face folder of what a night continued (its trainer's ``parent.json``): a night of the line,
+    or a given HF model; None for random weights."""
+    from stoker.layout import NightFiles
+
+    if parent.get("kind") == "night":
+        return NightFiles(Path(parent["path"])).model
+    return Path(parent["path"]) if parent.get("kind") == "hf" else None
+
+
+def eval_sets(night: Path, parent: dict[str, Any], ds: str, corpus: str, forgetting_nights: int) -> dict[str, Path]:
+    """The held-out sets a night is scored on: ``night`` (its own, the folder ``night``) and, for a night that
+    continued a night of its line, ``forgetting:<ds>.<corpus>`` for the latest ``forgetting_nights`` nights of
+    the parent's lineage (the parent included) that kept theirs: what this night cost the earlier data."""
+    import json
+
+    from stoker.layout import LineLayout, NightFiles
+
+    sets = {"night": night}
+    if parent.get("kind") != "night":
+        return sets
+    record = NightFiles(Path(parent["path"])).record
+    lineage = json.loads(record.read_text()).get("lineage", []) if record.is_file() else []
+    line = LineLayout.of(parent["line"])
+    for entry in reversed(lineage):
+        if len(sets) > forgetting_nights:
+            break
+        if not entry.get("ds") or (entry["ds"], entry.get("corpus", "")) == (ds, corpus):
+            continue  # the init (random or HF), and an earlier publication of this very night
+        held = line.night(entry["ds"], entry.get("corpus", "")).holdout
+        if held.is_dir():
+            sets[f"forgetting:{entry['ds']}.{entry.get('corpus', '')}"] = held
+    return sets

@@ -1,0 +1,1 @@
+"""What people read: run summaries, the catalog, ``stoker check``, ``stoker gc``, the run page's charts."""
