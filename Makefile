@@ -34,7 +34,7 @@ help:
 	@echo "make run    set up, start Kafka and PostgreSQL (Airflow's database, shared with make up), run refresh_sample end to end, print the run summary"
 	@echo "make test   set up, then the whole test suite (unit, integration, DAG)"
 	@echo "make test-quick  the unit tests only (no service started, under two minutes)"
-	@echo "make docs   regenerate docs/config.md, the configuration reference, from the code"
+	@echo "make docs   regenerate docs/config.md (the configuration reference) and docs/development.md's code map from the code"
 	@echo "make bench  debug_cpu model step vs its earlier shape; Spark tokenisation vs raw encode_batch; Kafka token source vs numpy memmap; folder vs S3 vs HDFS;"
 	@echo "            the publish step vs Kafka's ProducerPerformance; a 2.8 GB generated corpus (a 2.2 GB file,"
 	@echo "            many small, .zst, Parquet) through tokenize_publish at default settings (~40 min);"
@@ -139,46 +139,48 @@ test-unit: setup
 test-quick: venv
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
-# docs/config.md from the config dataclasses' docstrings (a unit test fails when it drifts)
+# docs/config.md from the config dataclasses' docstrings, and docs/development.md's code map from the module
+# docstrings (a unit test fails when either drifts)
 docs: venv
 	$(BIN)/python -m stoker.config.reference
+	$(BIN)/python -m stoker_local.codemap
 
 lint: venv
 	$(BIN)/ruff check stoker stoker_local spark_jobs plugins dags training tests bench
 	$(BIN)/mypy
 
 bench: setup test-servers
-	$(BIN)/python bench/model_step_bench.py
-	$(BIN)/python bench/tokenize_bench.py
-	$(BIN)/python bench/quality_bench.py
-	$(BIN)/python bench/quality_stage_bench.py
-	$(BIN)/python bench/source_bench.py
-	$(BIN)/python bench/store_bench.py
-	$(BIN)/python bench/publish_bench.py
-	$(BIN)/python bench/scale_bench.py --shape mixed
-	$(BIN)/python bench/sabotage_bench.py --trials 10
-	$(BIN)/python bench/schedule_bench.py
-	$(BIN)/python bench/replay_bench.py
+	$(BIN)/python -m bench.model_step_bench
+	$(BIN)/python -m bench.tokenize_bench
+	$(BIN)/python -m bench.quality_bench
+	$(BIN)/python -m bench.quality_stage_bench
+	$(BIN)/python -m bench.source_bench
+	$(BIN)/python -m bench.store_bench
+	$(BIN)/python -m bench.publish_bench
+	$(BIN)/python -m bench.scale_bench --shape mixed
+	$(BIN)/python -m bench.sabotage_bench --trials 10
+	$(BIN)/python -m bench.schedule_bench
+	$(BIN)/python -m bench.replay_bench
 
 # three nights of a line per LR schedule (rewarm, constant, wsd) on the same data (about 12 min)
 bench-schedule: setup
-	$(BIN)/python bench/schedule_bench.py
+	$(BIN)/python -m bench.schedule_bench
 
 # forgetting with train.replay 0, 0.05 and 0.25: two nights each, docstrings then CJK (about 10 min)
 bench-replay: setup
-	$(BIN)/python bench/replay_bench.py
+	$(BIN)/python -m bench.replay_bench
 
 bench-quality: setup
-	$(BIN)/python bench/quality_bench.py
-	$(BIN)/python bench/quality_stage_bench.py
+	$(BIN)/python -m bench.quality_bench
+	$(BIN)/python -m bench.quality_stage_bench
 
 # the promotion gate against sabotaged nights alone, through the DAG: 10 trials (about 5 min each)
 bench-gate: setup
-	$(BIN)/python bench/sabotage_bench.py --trials 10
+	$(BIN)/python -m bench.sabotage_bench --trials 10
 
 # hard faults at random points on a 3-node cluster, many trials (~1 min each); TRIALS=12 by default
 soak: setup
-	$(BIN)/python bench/soak.py --trials $${TRIALS:-12}
+	$(BIN)/python -m bench.soak --trials $${TRIALS:-12}
 
 up: setup stack-deps
 	$(BIN)/stoker up

@@ -1,6 +1,6 @@
 """One training step of the CPU recipe's model, side by side with the shape it had before.
 
-    .stoker/venv/bin/python bench/model_step_bench.py [--steps 8] [--threads 1]
+    .stoker/venv/bin/python -m bench.model_step_bench [--steps 8] [--threads 1]
 
 Forward + backward + AdamW on one micro-batch (4 x 256 tokens, the sample tokenizer's 8192 ids), the two
 models' steps interleaved, in one process with ``--threads`` torch threads (a rank's share of 2 cores is
@@ -11,11 +11,7 @@ test suite and ``make run`` pay per step. Prints seconds per step and the ratio.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _stepper(recipe: object) -> tuple[object, int]:

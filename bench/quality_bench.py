@@ -1,6 +1,6 @@
 """The quality filters against datatrove on the same documents, one core: agreement and speed.
 
-    .stoker/venv/bin/python bench/quality_bench.py [--docs 10000]      (make bench-quality; in make bench)
+    .stoker/venv/bin/python -m bench.quality_bench [--docs 10000]      (make bench-quality; in make bench)
 
 The documents are ``stoker_local.mixed_sample`` (English prose, web-like pages, code, CJK, boilerplate,
 repetition, personal data, lorem ipsum, degenerate records), NFC-normalised and stripped as the Spark stage
@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import unicodedata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 CASES = {
     "gopher_repetition": {"gopher_repetition": {"enabled": True}},
@@ -35,10 +33,9 @@ CASES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quality_oracle import ALL_ON, oracle_chain, quality
-
     from spark_jobs.quality import Filters
     from stoker_local.mixed_sample import documents
+    from tests.support.quality_oracle import ALL_ON, oracle_chain, quality
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=10_000)
@@ -100,9 +97,8 @@ def _edit(rng, text: str, share: float) -> str:
 def _disjoint(candidates: list[str], night1: list[str], n: int) -> list[str]:
     """Up to ``n`` documents whose word 5-gram sets overlap every night-1 document's by a Jaccard below 0.3: no
     near-duplicate of any (the mixed sample's pages share docstrings, so some of its documents are)."""
-    from quality_oracle import quality
-
     from spark_jobs.quality import minhasher_for
+    from tests.support.quality_oracle import quality
 
     h = minhasher_for(quality({"near_dedup": {"enabled": True}}))
     sets = [set(h.shingles(t).reshape(-1).tolist()) for t in night1]
@@ -122,9 +118,8 @@ def near_dup_recall(docs: list[str], out: Path, copies: int = 200) -> None:
     document that shares a band with any night-1 document."""
     import random
 
-    from quality_oracle import quality
-
     from spark_jobs.quality import minhasher_for
+    from tests.support.quality_oracle import quality
 
     rng = random.Random(3)
     long = list(dict.fromkeys(t for t in docs if len(t.split()) >= 100))
@@ -154,9 +149,9 @@ def index_size(docs: list[str], out: Path) -> None:
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from quality_oracle import quality
 
     from spark_jobs.quality import minhasher_for
+    from tests.support.quality_oracle import quality
 
     h = minhasher_for(quality({"near_dedup": {"enabled": True}}))
     bands = [b for b in (h.bands(t) for t in docs) if b is not None]

@@ -2,7 +2,7 @@
 running the same filters, near-dedup and tokenisation on the same files and cores: documents a second per core,
 and the peak memory of each.
 
-    .stoker/venv/bin/python bench/quality_stage_bench.py [--docs 20000]   (make bench-quality; in make bench)
+    .stoker/venv/bin/python -m bench.quality_stage_bench [--docs 20000]   (make bench-quality; in make bench)
 
 The night: ``stoker_local.mixed_sample`` documents in 4 JSONL files.
 * Stoker: ``spark-submit spark_jobs/tokenize_publish.py`` with the operator's default Spark settings
@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 FILES = 4
 EOS = "<|endoftext|>"
@@ -61,7 +60,8 @@ def datatrove_side(folder: Path, work: Path, tokenizer: str, cores: int) -> None
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.tokens import DocumentTokenizer
     from datatrove.pipeline.writers import JsonlWriter
-    from quality_oracle import ALL_ON, minhash_signature, oracle_steps
+
+    from tests.support.quality_oracle import ALL_ON, minhash_signature, oracle_steps
 
     filters, pii = oracle_steps(ALL_ON)
     for f in filters:
@@ -94,12 +94,12 @@ def _kept_by_datatrove(work: Path) -> int:
 
 def run_datatrove(folder: Path, work: Path, tokenizer: str) -> tuple[float, int, int]:
     """datatrove's side in a process of its own: seconds, peak memory, documents kept."""
-    from scale_bench import PeakRss
+    from bench.scale_bench import PeakRss
 
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--datatrove-only", str(folder), str(work), tokenizer],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:3])})
+    proc = subprocess.Popen([sys.executable, "-m", "bench.quality_stage_bench", "--datatrove-only", str(folder),
+                             str(work), tokenizer], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
     rss = PeakRss(proc.pid)
     rss.start()
     err = proc.communicate()[1]
@@ -110,8 +110,7 @@ def run_datatrove(folder: Path, work: Path, tokenizer: str) -> tuple[float, int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scale_bench import phases, run_stage
-
+    from bench.scale_bench import phases, run_stage
     from stoker import paths
     from stoker_local import broker
 

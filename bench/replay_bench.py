@@ -1,7 +1,7 @@
 """Forgetting with and without replay (``train.replay`` 0, 0.05, 0.25): two nights of one line through the DAG
 (``dag.test()``), with a deliberate shift between them, on the same data for every share.
 
-    .stoker/venv/bin/python bench/replay_bench.py          (make bench-replay; in make bench)
+    .stoker/venv/bin/python -m bench.replay_bench          (make bench-replay; in make bench)
 
 Night 1 is the sample's shard part-00002 (English docstrings); night 2 is text in another script (sentences
 of CJK ideographs with a Zipfian character distribution), a shift the model must learn without losing night 1.
@@ -20,12 +20,10 @@ import json
 import os
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e"), str(REPO / "bench")]
 os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by the suite's conftest
 
 SHARES = (0.0, 0.05, 0.25)
@@ -51,9 +49,8 @@ def shift_drop(folder: Path, docs: int = SHIFT_DOCS) -> None:
 
 
 def line_of(share: float, root: Path, sample_data: Path) -> list[dict]:
-    import test_sabotage as ts
-
     from stoker.layout import LineLayout, RunLayout
+    from tests.support import sabotage as ts
 
     shutil.rmtree(LineLayout.of(ts.CORPUS).folder, ignore_errors=True)
     for ds in (FIRST, SECOND):
@@ -76,7 +73,7 @@ def line_of(share: float, root: Path, sample_data: Path) -> list[dict]:
 
 
 def main() -> None:
-    from sabotage_bench import each_variant
+    from bench.sabotage_bench import each_variant
 
     rows = each_variant("replay.jsonl", SHARES, line_of)
     base = rows[0]

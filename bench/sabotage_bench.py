@@ -1,7 +1,7 @@
 """Trials of the promotion gate against sabotaged nights, through the DAG (``dag.test()``), as
 tests/e2e/test_sabotage.py runs one:
 
-    .stoker/venv/bin/python bench/sabotage_bench.py [--trials 10]          (make bench-gate)
+    .stoker/venv/bin/python -m bench.sabotage_bench [--trials 10]          (make bench-gate)
 
 Each trial is a line of its own. It starts from a model pre-trained (80 plain-torch steps, as the stack test's
 line ``gated`` starts) on a shard the trial's nights do not read, since a line is continued from a trained model
@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by the suite's conftest
 
 SHARDS = ("part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl", "part-00003.jsonl")
@@ -45,10 +44,9 @@ KINDS = ("first", "scrambled", "lr_x100", "clean", "shuffled_words")  # the clea
 
 
 def trial(i: int, root: Path, sample_data: Path, start: str = "pretrained", offset: int = 0) -> list[dict]:
-    import test_sabotage as ts
-    from trainer_tools import pretrain_deepseek
-
     from stoker.layout import LineLayout, RunLayout
+    from tests.support import sabotage as ts
+    from tests.support.trainer_tools import pretrain_deepseek
 
     day0 = date(2026, 11, 15) + timedelta(days=len(KINDS) * i)  # after the corpus's schedule.start_date
     days = {k: (day0 + timedelta(days=d)).isoformat() for d, k in enumerate(KINDS)}
@@ -123,10 +121,9 @@ def environment() -> Iterator[tuple[Path, Path]]:
     in the bench's state folder, with the sample corpus and tokenizer: (home, the sample's data folder)."""
     import subprocess
 
-    from conftest import TEST_KAFKA_PORT
-
     from stoker_local import broker as stack
     from stoker_local import sample
+    from tests.conftest import TEST_KAFKA_PORT
 
     home = Path(os.environ["STOKER_HOME"])
     data, tok = home / "data" / "sample", home / "tokenizers" / "sample-bpe-8192"

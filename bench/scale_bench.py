@@ -213,8 +213,8 @@ def phases(log: str) -> str:
     """Seconds between the job's phase lines (read + dedup, tokenise + publish, up to "done")."""
     marks = [(m.group(1), m.group(2)) for m in re.finditer(
         r"(\d\d:\d\d:\d\d)\S* INFO stoker.tokenize_publish: progress: (done|[a-z ,]+$)", log, re.M)]
-    scan = re.search(r"lineage scan: .* in ([\d.]+) s", log)
-    parts = [f"lineage scan {scan.group(1)} s"] if scan else []
+    scan = re.search(r"provenance scan: .* in ([\d.]+) s", log)
+    parts = [f"provenance scan {scan.group(1)} s"] if scan else []
     for (t1, name), (t2, _) in zip(marks, marks[1:], strict=False):
         a, b = (sum(int(x) * 60 ** i for i, x in enumerate(reversed(t.split(":")))) for t in (t1, t2))
         parts.append(f"{name} {b - a} s")

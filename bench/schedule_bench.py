@@ -2,7 +2,7 @@
 (``dag.test()``) on the same data: whether the line's head gets better night after night, and what each
 night costs the first night's data.
 
-    .stoker/venv/bin/python bench/schedule_bench.py          (make bench-schedule; in make bench)
+    .stoker/venv/bin/python -m bench.schedule_bench          (make bench-schedule; in make bench)
 
 The sample's shards part-00000, -01, -02 are the three nights (clean, 20 documents a thousand held out), the
 recipe is debug_cpu with one warm-up step, the same seed for every schedule. For each night: the gate's
@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e"), str(REPO / "bench")]
 os.environ["STOKER_TEST_HOME"] = str(REPO / ".stoker" / "bench-home")  # read by the suite's conftest
 
 SCHEDULES = ("rewarm", "constant", "wsd")
@@ -30,9 +28,8 @@ NIGHTS = {"2026-11-20": "part-00000.jsonl", "2026-11-21": "part-00001.jsonl", "2
 
 
 def line_of(schedule: str, root: Path, sample_data: Path) -> list[dict]:
-    import test_sabotage as ts
-
     from stoker.layout import LineLayout, RunLayout
+    from tests.support import sabotage as ts
 
     shutil.rmtree(LineLayout.of(ts.CORPUS).folder, ignore_errors=True)
     for ds in NIGHTS:
@@ -53,7 +50,7 @@ def line_of(schedule: str, root: Path, sample_data: Path) -> list[dict]:
 
 
 def main() -> None:
-    from sabotage_bench import each_variant
+    from bench.sabotage_bench import each_variant
 
     rows = each_variant("schedules.jsonl", SCHEDULES, line_of)
     print("\n| schedule | night | decision | own held-out (bits/byte) | first night's held-out | seconds |\n"

@@ -1,6 +1,6 @@
 """The fault soak: many trials of hard faults at random points, each counted by an independent reader.
 
-    .stoker/venv/bin/python bench/soak.py [--trials 12] [--seed N]      (make soak)
+    .stoker/venv/bin/python -m bench.soak [--trials 12] [--seed N]      (make soak)
 
 On docker-compose.yaml's three-node KRaft cluster (RF 3, min.insync.replicas 2), started here as
 local processes, every trial publishes a fresh ~24 MB corpus with the real Spark stage
@@ -38,12 +38,13 @@ from typing import Any
 
 import psutil
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests"),
-                str(Path(__file__).resolve().parents[1] / "tests" / "faults")]
-
-from fault_tools import await_publishing, submit, write_corpus  # noqa: E402
-from kafka_cluster import ComposeCluster  # noqa: E402
-from trainer_tools import (  # noqa: E402
+from stoker import paths
+from stoker.layout import RunLayout, TrainerFiles, complete_checkpoints
+from stoker.run import records
+from stoker.run.manifest import read_manifest
+from tests.support.fault_tools import await_publishing, submit, write_corpus
+from tests.support.kafka_cluster import ComposeCluster
+from tests.support.trainer_tools import (
     await_step,
     committed_keys,
     keys_by_step,
@@ -51,11 +52,6 @@ from trainer_tools import (  # noqa: E402
     launch_trainer,
     publish_run,
 )
-
-from stoker import paths  # noqa: E402
-from stoker.layout import RunLayout, TrainerFiles, complete_checkpoints  # noqa: E402
-from stoker.run import records  # noqa: E402
-from stoker.run.manifest import read_manifest  # noqa: E402
 
 PUBLISH_FAULTS = ("worker", "job", "committed", "leader", "coordinator")
 FAULTS = (*PUBLISH_FAULTS, "trainer")

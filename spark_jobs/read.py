@@ -1,4 +1,4 @@
-"""The read side of the job as DataFrames: preflight, the lineage scan, streaming parse, dedup.
+"""The read side of the job as DataFrames: preflight, the provenance scan, streaming parse, dedup.
 
 Task-side logic (opening, splitting, decompressing, parsing) lives in :mod:`spark_jobs.streams`
 and :mod:`spark_jobs.steps`, which import no pyspark.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_jobs.hadoop import configure_hadoop, spark_path
-from spark_jobs.streams import Opener, Pin, plan_tasks, scan_batches, scan_file, task_json
+from spark_jobs.streams import Opener, Pin, scan_batches, scan_file, split_tasks, task_json
 from stoker.config.corpus import CorpusConfig
 from stoker.exceptions import ConfigError, SourceError
 
@@ -149,8 +149,8 @@ def parquet_records(text_field: str, absent: str) -> Callable[..., Iterator[Any]
 
 
 def task_feed(spark, cfg: CorpusConfig, files: list[dict[str, Any]]) -> Feed:
-    """One row, so one Spark partition, per planned task (streams.plan_tasks)."""
-    tasks = plan_tasks(files, cfg.source.split_bytes, cfg.publish.spark_partitions)
+    """One row, so one Spark partition, per planned task (streams.split_tasks)."""
+    tasks = split_tasks(files, cfg.source.split_bytes, cfg.publish.spark_partitions)
     rdd = spark.sparkContext.parallelize([(i, task_json(t)) for i, t in enumerate(tasks)], max(1, len(tasks)))
     log.info("reading %d files as %d tasks (%d splits of up to %d MiB)", len(files), len(tasks),
              sum(len(t) for t in tasks), cfg.source.split_bytes >> 20)

@@ -47,7 +47,7 @@ def is_compressed(path: str) -> bool:
     return path.endswith(COMPRESSED_SUFFIXES)
 
 
-def plan_tasks(files: list[dict[str, Any]], split_bytes: int, min_tasks: int = 1) -> list[list[Split]]:
+def split_tasks(files: list[dict[str, Any]], split_bytes: int, min_tasks: int = 1) -> list[list[Split]]:
     """The job's tasks: the files' bytes, in order, cut into ``n`` equal shares, ``n`` the smallest
     multiple of ``min_tasks`` (``publish.spark_partitions``) that keeps a share under ``split_bytes``.
 
@@ -188,7 +188,7 @@ def decompressed(path: str, raw: BinaryIO) -> BinaryIO:
     return raw
 
 
-# -- the scan: lineage and readability, one streaming pass per file ---------------------------------
+# -- the scan: provenance and readability, one streaming pass per file ---------------------------------
 def scan_file(path: str, opener: Opener = Opener(), fmt: str = "jsonl") -> dict[str, Any]:
     """Size and sha256 of the stored bytes; for a compressed file, whether and to how much it
     decompresses; for Parquet, whether it is one (its PAR1 magic at both ends)."""

@@ -6,7 +6,7 @@ Submitted with ``spark-submit spark_jobs/tokenize_publish.py --plan <run folder>
 comes from ``$STOKER_KAFKA_CONFIG`` (JSON), never from the command line, so secrets stay out of
 process listings.
 
-Stages (``run_job``): ``prepare`` (preflight and the lineage scan) → ``stage`` (the index pass:
+Stages (``run_job``): ``prepare`` (preflight and the provenance scan) → ``stage`` (the index pass:
 streaming, splittable read and parse, spark_jobs/read.py; exact dedup that shuffles hashes) →
 ``quarantine`` → ``pack_publish`` (the pack pass reads the records again and tokenises the kept
 ones; no text is shuffled or persisted) → ``build_manifest``. Memory per task is bounded by a batch
@@ -105,7 +105,7 @@ class Staged:
 
 def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dict[str, Any]) -> RunInputs:
     """Fail in seconds, before a topic or manifest exists: tokenizer, Kafka, the store, the drop;
-    then the lineage scan (one streaming pass per file, in parallel)."""
+    then the provenance scan (one streaming pass per file, in parallel)."""
     from spark_jobs.read import opener_for, preflight_source, scan
 
     if run.manifest.exists():  # a re-run: no stage may trust the old manifest while this one publishes
@@ -125,7 +125,7 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
     listed = preflight_source(spark, cfg, uri)
     t0 = time.monotonic()
     files = scan(spark, listed, opener_for(cfg, listed), cfg.source.format)
-    log.info("lineage scan: %d files, %.1f MB in %.1f s", len(files), sum(f["bytes"] for f in files) / 1e6,
+    log.info("provenance scan: %d files, %.1f MB in %.1f s", len(files), sum(f["bytes"] for f in files) / 1e6,
              time.monotonic() - t0)
     return RunInputs(run_id=f"{cfg.name}/{ds}", ds=ds, uri=uri, tokenizer_path=tok_path,
                      tokenizer_sha256=sha256_file(tok_path), vocab_size=vocab,

@@ -181,13 +181,13 @@ def _gc(args: argparse.Namespace) -> int:
     from stoker.reports import gc
 
     try:
-        plan = gc.plan_gc(args.keep_runs, args.keep_checkpoints, args.keep_nights)
+        removals = gc.removals(args.keep_runs, args.keep_checkpoints, args.keep_nights)
     except ValueError as e:
         print(f"stoker gc: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(gc.as_json(plan), indent=2) if args.json else gc.render(plan, args.apply)  # sizes first
+    text = json.dumps(gc.as_json(removals), indent=2) if args.json else gc.render(removals, args.apply)  # sizes first
     if args.apply:
-        gc.apply(plan)
+        gc.apply(removals)
     print(text)
     return 0
 

@@ -43,6 +43,10 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
 SLOTS = ("data", "progress")
 """The named slots of a checkpoint's client state; each is the ``state_dict()`` of one stateful part."""
 _SLOTS_KEY = "stoker_slots"
+CHECKPOINT_VERSION = 2
+"""The format of Stoker's part of a checkpoint (its ``client_state``): 2 is named slots with read counts. A
+resume refuses any other, naming both versions, as a run plan of another version is refused."""
+_VERSION_KEY = "stoker_version"
 
 
 def save(engine: Any, step: int, ckpt_dir: Path, *, slots: dict[str, dict[str, Any]],
@@ -59,7 +63,8 @@ def save(engine: Any, step: int, ckpt_dir: Path, *, slots: dict[str, dict[str, A
     if node_leader:  # a killed life's half-saved tag of this step: never written through, never mixed in
         shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
     dist.barrier()
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={_SLOTS_KEY: dict(slots), "step": step})
+    client = {_SLOTS_KEY: dict(slots), _VERSION_KEY: CHECKPOINT_VERSION, "step": step}
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client)
     dist.barrier()  # every rank's shards are on disk: only now is the tag complete
     if node_leader:  # each node's leader (nodes may share the folder: a temporary file of its own each)
         atomic_write_json(ckpt_dir / tag / CHECKPOINT_COMPLETE, {"step": step, "world": dist.get_world_size()})
@@ -131,13 +136,15 @@ def load(engine: Any, ckpt_dir: Path, expect_manifest: str | None = None) -> dic
 
 
 def client_slots(client: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    """The named slots of a loaded client state. A checkpoint of Stoker before slots kept them flat:
-    ``data`` beside the progress counters."""
-    if _SLOTS_KEY not in client:
-        if "data" not in client:
-            raise StokerError(f"checkpoint {where} holds no Stoker state (slots {list(SLOTS)}): it was not written "
-                              "by Stoker's trainer; remove it to train the night from its start")
-        return {"data": client["data"], "progress": {k: v for k, v in client.items() if k != "data"}}
+    """The named slots of a loaded client state, of this format version only (:data:`CHECKPOINT_VERSION`)."""
+    if _SLOTS_KEY not in client and "data" not in client:
+        raise StokerError(f"checkpoint {where} holds no Stoker state (slots {list(SLOTS)}): it was not written "
+                          "by Stoker's trainer; remove it to train the night from its start")
+    version = client.get(_VERSION_KEY, 1)  # the flat state before slots, and the first slots, carried none
+    if version != CHECKPOINT_VERSION:
+        raise StokerError(f"checkpoint {where} is of Stoker's checkpoint format {version}; this trainer reads format "
+                          f"{CHECKPOINT_VERSION}: remove the run's checkpoints folder to train the night from its "
+                          "start (its topic is still there), or resume it with the Stoker that wrote it")
     slots = dict(client[_SLOTS_KEY])
     missing = [name for name in SLOTS if name not in slots]
     if missing:

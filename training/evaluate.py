@@ -144,7 +144,7 @@ def evaluate(model_dir: str, sets: dict[str, Path], baseline_dir: str | None = N
                      for name, h in held.items()}}
 
 
-def evaluate_night(manifest_path: str | Path, folder: str | Path) -> dict[str, Any] | None:
+def evaluate_night(manifest_path: str | Path, plan_path: str | Path, folder: str | Path) -> dict[str, Any] | None:
     """In the trainer's process, right after its export (rank 0): the night's sets (stoker.lines.eval_sets.eval_sets)
     scored by the exported model and by the model it continued, into the trainer's ``eval.json``; the evaluate
     task takes them instead of starting a process that imports torch again. None when the night held nothing
@@ -156,10 +156,10 @@ def evaluate_night(manifest_path: str | Path, folder: str | Path) -> dict[str, A
     from stoker.run.plan import read_plan
 
     m, run, files = read_manifest(manifest_path), RunLayout.of_manifest(manifest_path), TrainerFiles(Path(folder))
+    count = read_plan(plan_path).corpus.eval.forgetting_nights
     if not m.holdout.get("docs") or not files.parent.is_file():
         return None
     parent = json.loads(files.parent.read_text())
-    count = read_plan(run.plan).corpus.eval.forgetting_nights if run.plan.is_file() else 3
     baseline = baseline_model(parent)
     result = evaluate(str(files.export), eval_sets(run.holdout, parent, m.ds, m.corpus, count),
                       str(baseline) if baseline else None)

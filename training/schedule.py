@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from stoker.config.corpus import LrSchedule
+
 if TYPE_CHECKING:
     from stoker.config.recipes import TrainRecipe
 
@@ -69,13 +71,13 @@ def ds_config(recipe: TrainRecipe, total_steps: int, scheduled: bool = True) -> 
     return config
 
 
-def lr_plan(recipe: TrainRecipe, lr_schedule: str, cooldown_share: float, total: int,
+def lr_plan(recipe: TrainRecipe, lr_schedule: LrSchedule, cooldown_share: float, total: int,
             continuing: bool) -> tuple[dict[str, Any], Callable[[Any], Any] | None, int | None]:
     """A night of ``total`` optimizer steps: DeepSpeed's config, the client LR scheduler (``wsd``) and the step
     its trunk forks at (``wsd``). ``continuing``: the night continues a night of its line (no warm-up for
     ``constant`` and ``wsd``)."""
-    if lr_schedule != "wsd":
-        return ds_config(recipe, total, not (lr_schedule == "constant" and continuing)), None, None
+    if lr_schedule != LrSchedule.WSD:
+        return ds_config(recipe, total, not (lr_schedule == LrSchedule.CONSTANT and continuing)), None, None
     fork = fork_step(total, cooldown_share)
     return ds_config(recipe, total, scheduled=False), wsd_scheduler(
         warmup=0 if continuing else recipe.warmup_steps, fork=fork, total=total, min_ratio=recipe.min_lr_ratio), fork

@@ -1,6 +1,7 @@
 """DeepSpeed trainer fed from Kafka: the command line of :class:`training.trainer.Trainer`.
 
-    torchrun --nproc_per_node 2 -m training.train --manifest RUN/manifest.json --out RUN/train/<topic>
+    torchrun --nproc_per_node 2 -m training.train --manifest RUN/manifest.json --plan RUN/plan.json \
+        --out RUN/train/<topic>
     deepspeed --num_gpus 2 --module training.train ...      (on GPUs; on CPU use torchrun)
 
 Checkpoints (every ``checkpoint_every`` optimizer steps and at the end) hold the model, optimizer,
@@ -25,55 +26,30 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--manifest", required=True, help="the run's manifest")
     ap.add_argument("--out", required=True, help="the trainer's folder: checkpoints/, metrics, export go here")
-    ap.add_argument("--plan", help="the run plan (<run folder>/plan.json): the recipe, the optimizer and the LR "
-                    "schedule across nights are its corpus's train settings (then --recipe, --optimizer and "
-                    "--lr-schedule are not given)")
-    ap.add_argument("--recipe", help="a named recipe (default: debug_cpu)")
+    ap.add_argument("--plan", required=True, help="the run plan (<run folder>/plan.json): the recipe, the optimizer "
+                    "and the LR schedule across nights are its corpus's train settings, decided once for the run")
     ap.add_argument("--group-id", help="training consumer group (default: the run layout's group of the topic)")
     ap.add_argument("--max-steps", type=int, help="stop after this many steps (default: the whole run)")
     ap.add_argument("--micro-batch-size", type=int)
     ap.add_argument("--checkpoint-every", type=int)
     ap.add_argument("--log-keys", help="append each step's sequence keys to this file ({rank} = the rank)")
     ap.add_argument("--init-from", help="start from this model when --out holds no checkpoint: a night of a "
-                    "model line or a local Hugging Face folder (default: random weights)")
-    ap.add_argument("--optimizer", choices=("carry", "fresh"),
-                    help="carry the parent night's optimizer state (default), or start fresh")
-    ap.add_argument("--lr-schedule", choices=("rewarm", "constant", "wsd"), help="default: wsd")
-    ap.add_argument("--cooldown-share", type=float, help="wsd: the share of the night's steps in its cooldown "
-                    "(default 0.1)")
+                    "model line or a local Hugging Face folder, as the train task decided at this launch (default: "
+                    "random weights in the recipe's shape)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a recipe value (lr=3e-4, model.num_layers=8); validated like a recipe file")
+                    help="override a value of the plan's recipe (lr=3e-4, model.num_layers=8) for a debugging or "
+                    "benchmark session; validated like a recipe file")
     ap.add_argument("--secrets-file", help="a 0600 JSON file of environment entries (STOKER_KAFKA_CONFIG) for "
                     "ranks on nodes the launcher reached over ssh")
     ap.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # passed by the deepspeed launcher
     ns = vars(ap.parse_args(argv))
     ns.pop("local_rank")
-    _from_plan(ap, ns)
     secrets = ns.pop("secrets_file")
     if secrets:
         from stoker.paths import load_private_env
 
         load_private_env(secrets)
     return TrainArgs(**ns)
-
-
-PLANNED = {"recipe": "debug_cpu", "optimizer": "carry", "lr_schedule": "wsd", "cooldown_share": 0.1}
-"""What the run plan gives the trainer (the corpus's ``train.*``), with the defaults without a plan."""
-
-
-def _from_plan(ap: argparse.ArgumentParser, ns: dict) -> None:
-    plan = ns.pop("plan")
-    if plan is None:
-        ns.update({k: v for k, v in PLANNED.items() if ns[k] is None})
-        return
-    from stoker.run.plan import read_plan
-
-    given = [k for k in PLANNED if ns[k] is not None]
-    if given:
-        ap.error(f"--{given[0].replace('_', '-')} {ns[given[0]]} with --plan {plan}: the plan sets it (the corpus's "
-                 f"train.{given[0]}); leave the flag out, or use --set for a recipe value")
-    train = read_plan(plan).corpus.train
-    ns.update({k: getattr(train, k) for k in PLANNED})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +79,7 @@ def _evaluate(args: TrainArgs) -> None:
     log = logging.getLogger("stoker.train")
     torch.set_num_threads(max(1, os.cpu_count() or 1))  # the other ranks are done: rank 0 has the machine
     try:
-        result = evaluate_night(args.manifest, args.out)
+        result = evaluate_night(args.manifest, args.plan, args.out)
     except Exception:  # noqa: BLE001 - the model is trained and exported; the evaluate task scores it itself
         log.warning("scoring the held-out sets failed; the evaluate task will score them", exc_info=True)
         return

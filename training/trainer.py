@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stoker.config.corpus import Optimizer
 from stoker.config.recipes import TrainRecipe, get_recipe
 from stoker.files import atomic_write_json
 from stoker.kafka.settings import config_from_env
 from stoker.layout import TrainerFiles, checkpoint_tag, consumer_group
 from stoker.run.manifest import read_manifest
+from stoker.run.plan import read_plan
 from training import checkpoint, inherit
 from training.data.kafka_source import verify_consumed
 from training.export import export
@@ -41,9 +43,11 @@ class TrainArgs:
 
     manifest: str
     """The run's manifest.json."""
+    plan: str
+    """The run's plan (``plan.json`` beside the manifest): the recipe and the line's settings across nights (the
+    optimizer, the LR schedule and its cooldown) are its corpus's ``train.*``, decided once for the run."""
     out: str
     """The trainer's folder (the run layout's ``train/<topic>``): checkpoints, metrics, export."""
-    recipe: str = "debug_cpu"
     group_id: str | None = None
     """Training consumer group (default: the layout's ``stoker-train.<topic>``)."""
     max_steps: int | None = None
@@ -54,13 +58,8 @@ class TrainArgs:
     """Append each step's sequence keys to this file (``{rank}`` = the rank)."""
     init_from: str | None = None
     """Start from this model when the folder holds no checkpoint yet: a night of a model line or a
-    local Hugging Face folder (default: random weights in the recipe's shape)."""
-    optimizer: str = "carry"
-    """``carry`` the parent night's optimizer state, or start ``fresh`` (training/inherit.py)."""
-    lr_schedule: str = "wsd"
-    """``rewarm`` (warm-up and cosine over this night), ``constant`` after the line's first night, or ``wsd``
-    (constant, then a cooldown over the last ``cooldown_share`` of the night's steps; training/schedule.py)."""
-    cooldown_share: float = 0.1
+    local Hugging Face folder (default: random weights in the recipe's shape). The train task decides the
+    parent at each launch (``stoker_airflow.lines.launch_parent``) and hands it over here."""
     set: list[str] = field(default_factory=list)
     """Recipe overrides ``KEY=VALUE`` (``lr=3e-4``, ``model.num_layers=8``), validated like a recipe file."""
 
@@ -93,15 +92,15 @@ def loss_sum(logits: Any, labels: Any) -> Any:
                            ignore_index=-100, reduction="sum")
 
 
-def resolve_recipe(args: TrainArgs) -> TrainRecipe:
-    """The named recipe with the command line's overrides, built and validated as a recipe file is."""
+def resolve_recipe(args: TrainArgs, name: str) -> TrainRecipe:
+    """The plan's recipe with the command line's overrides, built and validated as a recipe file is."""
     from stoker.config.recipes import parse_overrides, with_overrides
 
     overrides = parse_overrides(list(args.set))
     for key in ("micro_batch_size", "checkpoint_every"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
-    return with_overrides(get_recipe(args.recipe), overrides, "command line") if overrides else get_recipe(args.recipe)
+    return with_overrides(get_recipe(name), overrides, "command line") if overrides else get_recipe(name)
 
 
 class Trainer:
@@ -129,7 +128,10 @@ class Trainer:
         deepspeed.init_distributed(dist_backend=dist_backend(torch.cuda.is_available()))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        self.args, self.manifest, self.recipe = args, read_manifest(args.manifest), resolve_recipe(args)
+        # the corpus's train settings, as the run's plan decided them once for every stage
+        self.train_config = read_plan(args.plan).corpus.train
+        self.args, self.manifest = args, read_manifest(args.manifest)
+        self.recipe = resolve_recipe(args, self.train_config.recipe)
         self.kafka_config = config_from_env()
         self.group_id = args.group_id or consumer_group(self.manifest.topic)
         self.eos_id, self.pad_id = model_ids(self.manifest)
@@ -137,7 +139,8 @@ class Trainer:
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
         replay = load_rows(self.files.replay)  # train.replay: rows of the line's earlier nights, mixed in
         rows = self.manifest.sequences + (len(replay) if replay is not None else 0)
-        config, client_scheduler, self.fork_at = lr_plan(self.recipe, args.lr_schedule, args.cooldown_share,
+        config, client_scheduler, self.fork_at = lr_plan(self.recipe, self.train_config.lr_schedule,
+                                                         self.train_config.cooldown_share,
                                                          math.ceil(rows / global_batch),
                                                          inherit.is_night(args.init_from))
         self._phase(f"starting the DeepSpeed engine (ZeRO {self.recipe.zero_stage}, "
@@ -177,7 +180,7 @@ class Trainer:
 
     def _resume(self) -> None:
         if not checkpoint.has_checkpoint(self.files.checkpoints):  # this night's first launch
-            if self.args.optimizer == "carry":
+            if self.train_config.optimizer == Optimizer.CARRY:
                 inherit.carry_optimizer(self.engine, self.args.init_from, self.recipe)
             return
         self._phase(f"loading its last checkpoint from {self.files.checkpoints}")

@@ -121,25 +121,29 @@ class TrainerLauncher:
         log.info("removing trainer state of an earlier publication of %s: %s", manifest.topic, f.folder)
         shutil.rmtree(f.folder)
 
-    def command(self, manifest_path: str, recipe: str | None, world_size: int, launcher: str,
+    def command(self, manifest_path: str, plan_path: str, world_size: int, launcher: str,
                 extra: list[str]) -> list[str]:
-        """One node: ``torchrun --nproc_per_node W`` or ``deepspeed --num_gpus W``. No ``recipe``: the run
-        plan in ``extra`` names it."""
-        args = ["--manifest", manifest_path, "--out", str(self.files.folder), *_recipe(recipe), *extra]
+        """One node: ``torchrun --nproc_per_node W`` or ``deepspeed --num_gpus W``."""
+        args = self._args(manifest_path, plan_path, extra)
         if launcher == "deepspeed":
             return [str(paths.venv_bin("deepspeed")), "--num_gpus", str(world_size),
                     "--master_port", str(_free_port()), "--module", TRAIN_MODULE, *args]
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size),
                 "--master_port", str(_free_port()), "-m", TRAIN_MODULE, *args]
 
-    def commands(self, manifest_path: str, recipe: str | None, placement: Placement,
+    def _args(self, manifest_path: str, plan_path: str, extra: list[str]) -> list[str]:
+        """The trainer's own command line: the run's manifest and plan (which names the recipe and the line's
+        settings), its folder, and the flags of this launch (the parent, the keys audit, secrets)."""
+        return ["--manifest", manifest_path, "--plan", plan_path, "--out", str(self.files.folder), *extra]
+
+    def commands(self, manifest_path: str, plan_path: str, placement: Placement,
                  extra: list[str]) -> list[list[str]]:
         """One command per launcher process. Several nodes: ``deepspeed --hostfile`` (one launcher that
         reaches the others itself, over pdsh/ssh), or one ``torchrun`` per node joining a c10d rendezvous
         on the first node (run there through ``placement.node_shell`` unless the node is this machine)."""
         if len(placement.nodes) <= 1:
-            return [self.command(manifest_path, recipe, placement.world_size, placement.launcher, extra)]
-        args = ["--manifest", manifest_path, "--out", str(self.files.folder), *_recipe(recipe), *extra]
+            return [self.command(manifest_path, plan_path, placement.world_size, placement.launcher, extra)]
+        args = self._args(manifest_path, plan_path, extra)
         per_node = placement.world_size // len(placement.nodes)
         if placement.launcher == "deepspeed":
             hostfile = self.files.folder / "hostfile"
@@ -207,7 +211,3 @@ class TrainerLauncher:
     def describe(self, topic: str) -> dict[str, Any]:
         f = self.files
         return {"folder": str(f.folder), "pid": self.pid(), "log": str(f.log), "rc_file": str(f.rc), "topic": topic}
-
-
-def _recipe(recipe: str | None) -> list[str]:
-    return ["--recipe", recipe] if recipe else []

@@ -11,6 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from datetime import date
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,32 @@ import yaml
 
 from stoker.config.eval import EvalConfig
 from stoker.config.quality import QualityConfig
-from stoker.config.schema import build, jsonable
+from stoker.config.schema import build, jsonable, member
 from stoker.config.schema import fail as _fail
 from stoker.exceptions import ConfigError
+
+
+class Optimizer(StrEnum):
+    """``train.optimizer``: what a night does with its parent night's optimizer state."""
+
+    CARRY = "carry"
+    FRESH = "fresh"
+
+
+class LrSchedule(StrEnum):
+    """``train.lr_schedule``: the learning rate across a line's nights (training/schedule.py)."""
+
+    REWARM = "rewarm"
+    CONSTANT = "constant"
+    WSD = "wsd"
+
+
+class OlderNights(StrEnum):
+    """``train.older_nights``: what a night the line's head cannot take does."""
+
+    BRANCH = "branch"
+    REFUSE = "refuse"
+
 
 NODE_SHELL = "ssh -tt -o ServerAliveInterval=15 -o ServerAliveCountMax=4 {host}"
 """How a command reaches another training node by default (``train.node_shell``)."""
@@ -269,14 +293,14 @@ class TrainConfig:
     init: str = "random"
     """How the line starts: ``random`` (the recipe's shape) or a local Hugging Face folder of a causal
     LM (DeepSeek-V3/V2 family, or Llama/Qwen), loaded offline with ``from_pretrained``."""
-    older_nights: str = "branch"
+    older_nights: OlderNights = OlderNights.BRANCH
     """A night older than the line's head (a backfill after newer nights trained): ``branch`` trains
     it from the newest night before it and leaves the head where it is; ``refuse`` fails its train
     task with a message."""
-    optimizer: str = "carry"
+    optimizer: Optimizer = Optimizer.CARRY
     """Across nights: ``carry`` restores the parent night's AdamW moments (fresh where they cannot be
     loaded, e.g. another ZeRO world size, or an HF init); ``fresh`` starts new ones every night."""
-    lr_schedule: str = "wsd"
+    lr_schedule: LrSchedule = LrSchedule.WSD
     """Across nights: ``wsd`` (default) warms up on the line's first night only, then holds the peak LR, and
     the night's last ``cooldown_share`` of steps decay it: the released model (export, evaluation, gate) is
     that cooled-down branch, and the next night continues the weights and optimizer state from before the
@@ -312,10 +336,10 @@ class TrainConfig:
             raise _fail("train.node_shell", self.node_shell, "must contain {host}, e.g. 'ssh {host}'")
         if self.line and not _NAME_RE.match(self.line):
             raise _fail("train.line", self.line, "must match [a-z][a-z0-9_]{0,63} (it names an Airflow pool)")
-        for name, allowed in (("older_nights", ("branch", "refuse")), ("optimizer", ("carry", "fresh")),
-                              ("lr_schedule", ("rewarm", "constant", "wsd"))):
-            if getattr(self, name) not in allowed:
-                raise _fail(f"train.{name}", getattr(self, name), f"must be one of {list(allowed)}")
+        # built in code rather than from YAML, a plain string still becomes its member (or a named error)
+        self.older_nights = member("train.older_nights", self.older_nights, OlderNights)
+        self.optimizer = member("train.optimizer", self.optimizer, Optimizer)
+        self.lr_schedule = member("train.lr_schedule", self.lr_schedule, LrSchedule)
         if not self.init:
             raise _fail("train.init", self.init, "must be 'random' or a local Hugging Face model folder")
         if not 0 <= self.replay < 0.5:

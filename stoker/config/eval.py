@@ -4,18 +4,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from enum import StrEnum
 
 from stoker.config.schema import fail as _fail
-
-if TYPE_CHECKING:
-    pass
-
+from stoker.config.schema import member
 
 HOLDOUT_PER_MILLE_MAX = 100
 """At most a tenth of a night is held out."""
-REVIEWS = ("ask", "promote", "hold", "roll-back")
-"""``eval.review``: ask a person, or decide without asking (``stoker.lines.gate.CHOICES``)."""
+
+
+class Review(StrEnum):
+    """``eval.review``: ask a person about a night the gate held, or decide without asking (the choices a person
+    has are :data:`stoker.lines.gate.CHOICES`)."""
+
+    ASK = "ask"
+    PROMOTE = "promote"
+    HOLD = "hold"
+    ROLL_BACK = "roll-back"
+
+
+REVIEWS = tuple(r.value for r in Review)
+"""``eval.review``'s words, in the order the trigger form offers them."""
 APPROVAL_TIMEOUT_MAX_S = 30 * 86400
 
 
@@ -37,7 +46,7 @@ class EvalConfig:
     """Standard errors a figure may worsen by before the gate holds the night (see ``max_regression``)."""
     forgetting_nights: int = 3
     """Earlier nights of the lineage (the latest that kept held-out documents) the night is also scored on."""
-    review: str = "ask"
+    review: Review = Review.ASK
     """A night the gate held: ``ask`` a person in the Airflow UI (the ``training.review`` step offers promote,
     hold and roll back with the figures; the night stays held when nobody answers within
     ``approval_timeout_s``), or decide without asking: ``hold``, ``promote``, ``roll-back``. A run may change it
@@ -67,8 +76,7 @@ class EvalConfig:
             raise _fail("eval.gate_k", self.gate_k, "must be in [0, 10] standard errors")
         if not 0 <= self.forgetting_nights <= 50:
             raise _fail("eval.forgetting_nights", self.forgetting_nights, "must be in [0, 50] nights")
-        if self.review not in REVIEWS:
-            raise _fail("eval.review", self.review, f"must be one of {', '.join(REVIEWS)}")
+        self.review = member("eval.review", self.review, Review)
         if not 1 <= self.approval_timeout_s <= APPROVAL_TIMEOUT_MAX_S:
             raise _fail("eval.approval_timeout_s", self.approval_timeout_s,
                         f"must be in [1, {APPROVAL_TIMEOUT_MAX_S}] seconds (30 days)")

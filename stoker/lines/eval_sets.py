@@ -5,10 +5,7 @@ against the model it continued (its baseline).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 
 def baseline_model(parent: dict[str, Any]) -> Path | None:

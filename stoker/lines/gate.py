@@ -18,15 +18,15 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from stoker.config.eval import Review
 from stoker.exceptions import StokerError
 from stoker.files import atomic_write_json
 from stoker.layout import LineLayout, NightFiles
-from stoker.lines.nights import blessed, head, joined_nights, read_night, same_night
+from stoker.lines.nights import Decision, Role, blessed, head, joined_nights, read_night, same_night
 
-DECISIONS = ("promoted", "held", "rolled_back", "branch")
-CHOICES = {"promote": "promoted", "hold": "held", "roll-back": "rolled_back"}
+CHOICES = {Review.PROMOTE: Decision.PROMOTED, Review.HOLD: Decision.HELD, Review.ROLL_BACK: Decision.ROLLED_BACK}
 """What a person may decide on a gated night (`stoker lines decide`, `stoker refresh --decision`)."""
-REVIEW_OPTIONS = {"Promote": "promote", "Hold": "hold", "Roll back": "roll-back"}
+REVIEW_OPTIONS = {"Promote": Review.PROMOTE, "Hold": Review.HOLD, "Roll back": Review.ROLL_BACK}
 """The review step's options as a person sees them in Airflow (``training.review``), and the choice each makes."""
 REVIEW_TASK = "training.review"
 FORGETTING = "forgetting:"
@@ -56,20 +56,20 @@ def decide(result: dict[str, Any], role: str, k: float, max_regression: float,
            max_forgetting: float | None = None) -> dict[str, Any]:
     """The gate's decision on an evaluation of a night whose planned role is ``role``."""
     at = datetime.now(UTC).isoformat(timespec="seconds")
-    if role != "head":
-        return {"decision": "branch", "by": "gate", "at": at, "why": "a branch never becomes the head"}
+    if role != Role.HEAD:
+        return {"decision": Decision.BRANCH, "by": "gate", "at": at, "why": "a branch never becomes the head"}
     if not result.get("baseline"):
-        return {"decision": "promoted", "by": "gate", "at": at,
+        return {"decision": Decision.PROMOTED, "by": "gate", "at": at,
                 "why": "no blessed model to compare with (the line's first night)"}
     bad = regressions(result, k, max_regression, max_forgetting)
     rule = f"no figure worse by more than max({k:g} x stderr, {max_regression:g}) bits per byte" + (
         f" ({max_forgetting:g} on earlier nights' sets)" if max_forgetting is not None else "")
     if bad:
         worst = max(bad, key=lambda r: r["change"] if math.isfinite(r["change"]) else math.inf)
-        return {"decision": "held", "by": "gate", "at": at, "rule": rule, "regressions": bad,
+        return {"decision": Decision.HELD, "by": "gate", "at": at, "rule": rule, "regressions": bad,
                 "why": f"{worst['set']}: {worst['bpb']:.4f} bits/byte vs the blessed {worst['blessed_bpb']:.4f} "
                        f"(change {worst['change']:+.4f}, allowed {worst['allowed']:.4f})"}
-    return {"decision": "promoted", "by": "gate", "at": at, "rule": rule, "why": "no figure regressed"}
+    return {"decision": Decision.PROMOTED, "by": "gate", "at": at, "rule": rule, "why": "no figure regressed"}
 
 
 def eval_table(result: dict[str, Any], decision: dict[str, Any]) -> str:
@@ -131,20 +131,20 @@ def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str
         raise StokerError(f"line {line.name} has no night {ds}.{corpus}: `stoker lines show {line.name}` lists them")
     record = read_night(night)
     now = (record.get("decision") or {}).get("decision")
-    if now is None or now == "branch":
+    if now is None or now == Decision.BRANCH:
         raise StokerError(f"night {ds}.{corpus} of line {line.name} was not gated ({now or 'no evaluation'}): only "
                           "a night that continued the head (and kept held-out data) has a decision to change")
     later = [r for r, _ in joined_nights(line) if r.get("seq", 0) > record.get("seq", 0)
              and r.get("parent", {}).get("role", "head") == "head" and blessed(r)]
-    if choice == "promote" and later:
+    if choice == Review.PROMOTE and later:
         raise StokerError(f"night {ds}.{corpus} cannot become line {line.name}'s head: night {later[-1]['ds']}."
                           f"{later[-1].get('corpus')} continued the line after it; train a new night instead")
-    if choice == "roll-back" and now == "promoted" and not same_night(head(line), record):
+    if choice == Review.ROLL_BACK and now == Decision.PROMOTED and not same_night(head(line), record):
         raise StokerError(f"night {ds}.{corpus} is not line {line.name}'s head (a later night continued it): roll "
                           "back the head first")
-    if choice == "hold" and now != "held":
+    if choice == Review.HOLD and now != Decision.HELD:
         raise StokerError(f"night {ds}.{corpus} is {now}, not held: `roll-back` takes a promoted head back")
-    decision = {"decision": CHOICES[choice], "by": who, "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    decision = {"decision": CHOICES[Review(choice)], "by": who, "at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "why": why or f"{choice} by {who}"}
     result = {"sets": {name: {"all": figures} for name, figures in record.get("eval", {}).items()},
               "lm_eval": record.get("lm_eval")}

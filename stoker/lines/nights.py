@@ -39,18 +39,48 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from stoker.layout import LineLayout, NightFiles
 
 
+class Kind(StrEnum):
+    """What a night starts from."""
+
+    RANDOM = "random"
+    """Random weights in the recipe's shape (a line's first night, ``train.init: random``)."""
+    HF = "hf"
+    """A local Hugging Face folder (a line's first night, ``train.init: <folder>``)."""
+    NIGHT = "night"
+    """A night of the line."""
+
+
+class Role(StrEnum):
+    """What the night being trained becomes in its line."""
+
+    HEAD = "head"
+    """The line's continuation: the next night continues it once it is blessed."""
+    BRANCH = "branch"
+    """A night the head cannot take (it is older than the head): recorded, never the head."""
+
+
+class Decision(StrEnum):
+    """A night's decision in its record: the gate's (``stoker.lines.gate``) or a person's."""
+
+    PROMOTED = "promoted"
+    HELD = "held"
+    ROLLED_BACK = "rolled_back"
+    BRANCH = "branch"
+    """Not gated: a branch never becomes the head."""
+
+
 @dataclass(kw_only=True, slots=True)
 class Parent:
     """What a night starts from."""
 
-    kind: str
-    """``random``, ``hf`` (a local Hugging Face folder) or ``night`` (a night of the line)."""
+    kind: Kind
     line: str
     path: str = ""
     """The HF folder, or the parent night's folder."""
@@ -58,13 +88,16 @@ class Parent:
     """The parent night's date (kind ``night``)."""
     corpus: str = ""
     """The parent night's corpus (kind ``night``)."""
-    role: str = "head"
-    """What the night being trained becomes: ``head`` or ``branch`` (the head cannot take it)."""
+    role: Role = Role.HEAD
+    """What the night being trained becomes."""
+
+    def __post_init__(self) -> None:
+        self.kind, self.role = Kind(self.kind), Role(self.role)
 
     def describe(self) -> str:
-        if self.kind == "night":
+        if self.kind == Kind.NIGHT:
             return f"night {self.ds} of corpus {self.corpus or '?'} in line {self.line} ({self.path})"
-        return f"a Hugging Face model ({self.path})" if self.kind == "hf" else "random weights (the recipe's shape)"
+        return f"a Hugging Face model ({self.path})" if self.kind == Kind.HF else "random weights (the recipe's shape)"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +128,7 @@ def same_night(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 def blessed(record: dict[str, Any]) -> bool:
     """Whether a night may be continued: not held or rolled back by the gate (stoker.lines.gate)."""
-    return (record.get("decision") or {}).get("decision") not in ("held", "rolled_back")
+    return (record.get("decision") or {}).get("decision") not in (Decision.HELD, Decision.ROLLED_BACK)
 
 
 def head(line: LineLayout) -> dict[str, Any] | None:

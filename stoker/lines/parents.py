@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,33 +12,8 @@ from stoker import paths
 from stoker.exceptions import ConfigError, StokerError
 from stoker.files import sha256_file
 from stoker.layout import LineLayout, NightFiles
-from stoker.lines.nights import Parent, _order, blessed, joined_nights, read_night
+from stoker.lines.nights import Kind, Parent, Role, _order, blessed, joined_nights, read_night
 from stoker.run.tokenizer import TokenizerFacts
-
-
-@dataclass(kw_only=True, slots=True)
-class LineSettings:
-    """A corpus's ``train`` settings that concern its model line."""
-
-    line: str
-    init: str = "random"
-    older_nights: str = "branch"
-    optimizer: str = "carry"
-    lr_schedule: str = "wsd"
-    cooldown_share: float = 0.1
-    replay: float = 0.0
-
-    @classmethod
-    def of(cls, train: Any) -> LineSettings:
-        return cls(line=train.line, init=train.init, older_nights=train.older_nights, optimizer=train.optimizer,
-                   lr_schedule=train.lr_schedule, cooldown_share=train.cooldown_share, replay=train.replay)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def layout(self) -> LineLayout:
-        return LineLayout.of(self.line)
 
 
 def _holds(record: dict[str, Any], ds: str, corpus: str) -> bool:
@@ -51,10 +25,10 @@ def choose_parent(line: LineLayout, ds: str, corpus: str, init: str, older_night
     """The parent of night (``ds``, ``corpus``) and its role (see the module's rules); refuses a night
     the head cannot take if told to."""
     others = [(r, n) for r, n in joined_nights(line) if (r["ds"], r.get("corpus")) != (ds, corpus) and blessed(r)]
-    heads = [(r, n) for r, n in others if r.get("parent", {}).get("role", "head") == "head"]
+    heads = [(r, n) for r, n in others if r.get("parent", {}).get("role", Role.HEAD) == Role.HEAD]
     top = heads[-1] if heads else None
     if top is not None and top[0]["ds"] <= ds and not _holds(top[0], ds, corpus):
-        return _night_parent(line, top, "head")
+        return _night_parent(line, top, Role.HEAD)
     if top is not None:
         if older_nights == "refuse":
             raise StokerError(
@@ -65,24 +39,24 @@ def choose_parent(line: LineLayout, ds: str, corpus: str, init: str, older_night
                 f"train it on a line of its own (train.line)")
         before = [(r, n) for r, n in others if r["ds"] <= ds and not _holds(r, ds, corpus)]
         if before:
-            return _night_parent(line, max(before, key=lambda rn: (rn[0]["ds"], _order(rn[0]))), "branch")
-    return _init_parent(line, init, "branch" if top is not None else "head")
+            return _night_parent(line, max(before, key=lambda rn: (rn[0]["ds"], _order(rn[0]))), Role.BRANCH)
+    return _init_parent(line, init, Role.BRANCH if top is not None else Role.HEAD)
 
 
-def _night_parent(line: LineLayout, found: tuple[dict[str, Any], NightFiles], role: str) -> Parent:
+def _night_parent(line: LineLayout, found: tuple[dict[str, Any], NightFiles], role: Role) -> Parent:
     record, night = found
-    return Parent(kind="night", line=line.name, path=str(night.folder), ds=record["ds"],
+    return Parent(kind=Kind.NIGHT, line=line.name, path=str(night.folder), ds=record["ds"],
                   corpus=str(record.get("corpus", "")), role=role)
 
 
-def _init_parent(line: LineLayout, init: str, role: str) -> Parent:
+def _init_parent(line: LineLayout, init: str, role: Role) -> Parent:
     if init == "random":
-        return Parent(kind="random", line=line.name, role=role)
+        return Parent(kind=Kind.RANDOM, line=line.name, role=role)
     folder = paths.resolve_local(init)
     if not (folder / "config.json").is_file():
         raise ConfigError(f"train.init = {init!r}: {folder} is not a Hugging Face model folder (no config.json); "
                           "use 'random' or a local folder saved with save_pretrained")
-    return Parent(kind="hf", line=line.name, path=str(folder), role=role)
+    return Parent(kind=Kind.HF, line=line.name, path=str(folder), role=role)
 
 
 def _model_config(parent: Parent) -> dict[str, Any]:

@@ -8,16 +8,13 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from stoker.config.quality import FILTERS
 from stoker.run.reasons import by_step
 
 STEP_COLORS = {
     "read": "#6d4c41",
     "clean": "#546e7a",
-    "language_id": "#00838f",
-    "gopher_repetition": "#6a1b9a",
-    "gopher_quality": "#8e24aa",
-    "c4": "#ef6c00",
-    "fineweb": "#c62828",
+    **{f.STEP: f.COLOR for f in FILTERS},  # each quality filter names its own
     "dedup": "#1565c0",
     "other": "#9e9e9e",
 }

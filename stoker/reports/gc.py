@@ -10,7 +10,7 @@
 
 Never removed: a line's head (the night the next one continues), the night that joined last (its
 join number is the line's count), and a night holding a file named ``HOLD``. Nothing is removed
-without ``apply``; the plan lists each path, why, and the bytes it frees (files no other path links)."""
+without ``apply``; the dry run lists each path, why, and the bytes it frees (files no other path links)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def _nights(line: LineLayout, keep_checkpoints: int, keep_nights: int | None) ->
     return out
 
 
-def plan_gc(keep_runs: int = 14, keep_checkpoints: int = 3, keep_nights: int | None = None) -> list[Removal]:
+def removals(keep_runs: int = 14, keep_checkpoints: int = 3, keep_nights: int | None = None) -> list[Removal]:
     """What ``stoker gc`` would remove, removing nothing."""
     for name, value in (("--keep-runs", keep_runs), ("--keep-checkpoints", keep_checkpoints),
                         ("--keep-nights", keep_nights if keep_nights is not None else 1)):
@@ -110,9 +110,9 @@ def plan_gc(keep_runs: int = 14, keep_checkpoints: int = 3, keep_nights: int | N
     return out
 
 
-def apply(plan: list[Removal]) -> None:
-    """Remove what the plan lists."""
-    for r in plan:
+def apply(removals: list[Removal]) -> None:
+    """Remove what the removals list."""
+    for r in removals:
         p = Path(r.path)
         if r.what == "night":  # the link in nights/ first: the line never lists a half-removed night
             target = p.resolve()
@@ -122,15 +122,15 @@ def apply(plan: list[Removal]) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def render(plan: list[Removal], applied: bool) -> str:
-    if not plan:
+def render(removals: list[Removal], applied: bool) -> str:
+    if not removals:
         return "nothing to remove under the retention policy"
     rows = [f"{'removed' if applied else 'would remove'} {r.what:<10} {r.bytes / 1e6:>9.1f} MB  {r.path}  ({r.why})"
-            for r in plan]
-    total = freed_bytes(*(r.path for r in plan)) / 1e6  # together: shared hard links count once freed
+            for r in removals]
+    total = freed_bytes(*(r.path for r in removals)) / 1e6  # together: shared hard links count once freed
     tail = f"{total:,.1f} MB freed" if applied else f"{total:,.1f} MB would be freed: `stoker gc --apply` removes it"
     return "\n".join([*rows, tail])
 
 
-def as_json(plan: list[Removal]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in plan]
+def as_json(removals: list[Removal]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in removals]

@@ -4,27 +4,23 @@ step, and the alarm for a night whose drop rate jumps.
 
 from __future__ import annotations
 
-STEPS = {
+from stoker.config.quality import FILTERS
+
+STEPS: dict[str, tuple[str, ...]] = {
     "read": ("invalid_utf8", "invalid_json", "missing_text", "invalid_unicode", "corrupt_file"),
-    "language_id": ("language",),
     "clean": ("empty_text", "too_short", "too_long"),
+    **{f.STEP: f.REASONS for f in FILTERS},
     "dedup": ("duplicate", "near_duplicate"),
-    "c4": ("lorem_ipsum", "curly_bracket", "too_few_sentences"),
-    "fineweb": ("empty", "line_punct_ratio", "short_line_ratio", "char_dup_ratio", "list_ratio"),
 }
-"""The step of the Spark stage behind each drop reason (Gopher's are named by their prefixes)."""
+"""The step of the Spark stage behind each drop reason, in the stage's order: reading, cleaning, the quality
+filters (each names its own reasons: :data:`stoker.config.quality.FILTERS`), dedup."""
 
 
 def step_of(reason: str) -> str:
-    """``read``, ``clean``, ``language_id``, ``gopher_repetition``, ``gopher_quality``, ``c4``, ``fineweb`` or
-    ``dedup``."""
+    """The step of :data:`STEPS` that drops by ``reason``; ``other`` for a reason no step names."""
     for step, reasons in STEPS.items():
         if reason in reasons:
             return step
-    if reason.startswith("gopher_"):
-        return "gopher_quality"
-    if reason.startswith(("dup_", "top_", "duplicated_")):
-        return "gopher_repetition"
     return "other"
 
 
@@ -42,7 +38,7 @@ def by_step(dropped: dict[str, int]) -> dict[str, dict[str, int]]:
     return out
 
 
-_ORDER = ["read", "clean", "language_id", "gopher_repetition", "gopher_quality", "c4", "fineweb", "dedup", "other"]
+_ORDER = [*STEPS, "other"]
 
 
 ALARM_NIGHTS, ALARM_MIN_NIGHTS, ALARM_FLOOR = 7, 3, 0.10

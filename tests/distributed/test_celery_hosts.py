@@ -1,5 +1,5 @@
 """A night on a distributed Airflow: CeleryExecutor with a ``gpu`` queue, each component on a host of its
-own (tests/distributed/hosts.py: separate hostnames, PID spaces and private disks), and a gpu host lost
+own (tests/support/hosts.py: separate hostnames, PID spaces and private disks), and a gpu host lost
 mid-training.
 
 Hosts: ``control`` (api-server, scheduler, dag-processor), ``triggerer``, ``worker-1`` (Celery, queue
@@ -29,14 +29,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hosts import Host, hosts_file
-from kafka_cluster import ComposeCluster
-from trainer_tools import committed_keys, resume_step
 
 from stoker.layout import LineLayout, RunLayout, TrainerFiles
 from stoker_local import services
 from stoker_local.servers import free_ports
 from stoker_local.stack_refresh import StackApi, start_night
+from tests.support.hosts import Host, hosts_file
+from tests.support.kafka_cluster import ComposeCluster
+from tests.support.trainer_tools import committed_keys, resume_step
 from training.metrics import read_log, trained_keys
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1800)]

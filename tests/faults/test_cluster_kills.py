@@ -14,9 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fault_tools import assert_exactly_once, await_publishing, job_log, submit, write_corpus
-from kafka_cluster import ComposeCluster  # tests/kafka_cluster.py
-from trainer_tools import (
+
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.kafka.lag import compute_lag
+from tests.support.fault_tools import assert_exactly_once, await_publishing, job_log, submit, write_corpus
+from tests.support.kafka_cluster import ComposeCluster
+from tests.support.trainer_tools import (
     all_keys,
     await_step,
     committed_keys,
@@ -26,10 +30,6 @@ from trainer_tools import (
     publish_run,
     wait_trainer,
 )
-
-from stoker.kafka import offsets as koffsets
-from stoker.kafka import topics as ktopics
-from stoker.kafka.lag import compute_lag
 
 pytestmark = pytest.mark.faults
 REPO = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_training_survives_its_partition_leader_then_its_group_coordinator_kille
 
 COMMIT_LOOP = """
 import json, os, sys, time
-from stoker import kafka as skafka
+from stoker.kafka import offsets as koffsets
 from stoker.exceptions import StokerError
 config, group, topic, stop_file = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 i, stop = 0, time.monotonic() + 300

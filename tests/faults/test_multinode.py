@@ -17,13 +17,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from trainer_tools import committed_keys
 
 from stoker.kafka import offsets as koffsets
 from stoker.kafka import topics as ktopics
 from stoker.kafka.lag import compute_lag
 from stoker.layout import RunLayout, consumer_group
 from stoker_local.sample import texts
+from tests.support.trainer_tools import committed_keys
 from training.metrics import read_log, trained_keys
 
 pytestmark = pytest.mark.faults
@@ -36,11 +36,10 @@ from datetime import datetime, timedelta, timezone
 from airflow.models import TaskInstance
 from airflow.sdk import DAG
 from airflow.utils.session import create_session
-from stoker_airflow.operators import DeepSpeedTrainOperator
+from stoker_airflow.operators.train import DeepSpeedTrainOperator
 
 with DAG("stoker_two_nodes", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)) as dag:
-    DeepSpeedTrainOperator(task_id="train", manifest_path=os.environ["TWO_NODES_MANIFEST"], world_size=2,
-                           nodes=["127.0.0.1", "localhost"], log_keys=True, poll_interval=1, timeout_s=900,
+    DeepSpeedTrainOperator(task_id="train", manifest_path=os.environ["TWO_NODES_MANIFEST"], poll_interval=1,
                            extra_args=["--checkpoint-every", "10"], retries=1, retry_delay=timedelta(seconds=1))
 if __name__ == "__main__":
     run = dag.test(logical_date=datetime(2026, 12, 8, tzinfo=timezone.utc))
@@ -72,11 +71,15 @@ def _lose_a_node(files, killed: list[int]) -> None:
 
 def test_two_nodes_train_every_sequence_once_and_survive_losing_one(kafka_config, sample_corpus, airflow_db,
                                                                     tmp_path):
-    from trainer_tools import publish_text_run
+    from stoker.config.corpus import TrainConfig
+    from tests.support.trainer_tools import publish_text_run, write_plan
 
     run = RunLayout(tmp_path / "run")
     m = publish_text_run(kafka_config, sample_corpus["tokenizer"], list(texts(sample_corpus["data"]))[:150],
                          run.run_dir, ds="2026-12-08", corpus="twonodes")
+    # the two nodes, the keys audit and the deadline are the corpus's train settings, in the run's plan
+    write_plan(run.manifest, TrainConfig(world_size=2, nodes=["127.0.0.1", "localhost"], log_keys=True,
+                                         timeout_s=900))
     files = run.trainer(m.topic)
     killed: list[int] = []
     killer = threading.Thread(target=_lose_a_node, args=(files, killed), daemon=True)

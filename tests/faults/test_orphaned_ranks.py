@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
 import pytest
-from trainer_tools import await_step, committed_keys, publish_run
 
 from stoker.kafka import offsets as koffsets
 from stoker.kafka.lag import compute_lag
 from stoker.layout import RunLayout
 from stoker.process import tagged
 from stoker_airflow.launcher import Placement, TrainerLauncher
+from tests.support.trainer_tools import await_step, committed_keys, publish_run, write_plan
 from training.metrics import trained_keys
 
 pytestmark = pytest.mark.faults
@@ -35,7 +36,8 @@ def _wait_exit(launcher: TrainerLauncher, timeout: float = 600) -> int:
 
 def _start(launcher: TrainerLauncher, m, manifest, kafka_config) -> None:
     placement = Placement(world_size=2)
-    cmd = launcher.commands(str(manifest), "debug_cpu", placement,
+    plan = write_plan(Path(manifest))
+    cmd = launcher.commands(str(manifest), str(plan), placement,
                             ["--micro-batch-size", "2", "--checkpoint-every", "4",
                              "--log-keys", str(launcher.files.keys_log)])
     launcher.start(m, cmd, {"STOKER_KAFKA_CONFIG": json.dumps(kafka_config)}, 2)

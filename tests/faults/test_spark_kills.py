@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_tools import assert_exactly_once, await_publishing, submit, write_corpus  # tests/faults/
 
 from stoker.layout import RunLayout
+from tests.support.fault_tools import assert_exactly_once, await_publishing, submit, write_corpus  # tests/faults/
 
 pytestmark = pytest.mark.faults
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_tools import assert_exactly_once  # tests/faults/fault_tools.py
-from trainer_tools import first_night
 
 from stoker.kafka import offsets as koffsets
 from stoker.kafka.lag import compute_lag
 from stoker.layout import LineLayout, RunLayout, TrainerFiles, consumer_group
 from stoker.run.manifest import read_manifest
+from tests.support.fault_tools import assert_exactly_once
+from tests.support.trainer_tools import first_night
 from training.metrics import read_log, trained_keys
 
 pytestmark = pytest.mark.faults

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from small_corpus import write_corpus
 
 from stoker.config.corpus import load_corpus
+from tests.support.small_corpus import write_corpus
 
 
 @pytest.fixture()

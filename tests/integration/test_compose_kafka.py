@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
-from kafka_cluster import ComposeCluster  # tests/kafka_cluster.py
 
 from stoker.kafka import clients
 from stoker.kafka import topics as ktopics
 from stoker.kafka.settings import with_password_file
+from tests.support.kafka_cluster import ComposeCluster
 
 pytestmark = pytest.mark.integration
 HOME = Path(os.environ["STOKER_HOME"]) / "compose-kafka"
@@ -79,11 +79,11 @@ def test_the_secure_profiles_kafka_serves_only_sasl_ssl_to_the_pipeline_user(tmp
     import time
 
     import yaml
-    from kafka_cluster import image_properties
 
     from stoker.exceptions import StokerError
     from stoker_local import broker as stack
     from stoker_local.servers import free_ports
+    from tests.support.kafka_cluster import image_properties
 
     compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yaml").read_text())
     services = compose["services"]

@@ -101,7 +101,7 @@ def test_lm_eval_tasks_run_offline_on_a_local_task_and_tell_a_trained_model_from
     import sys
     from pathlib import Path
 
-    from trainer_tools import pretrain_deepseek
+    from tests.support.trainer_tools import pretrain_deepseek
 
     repo = Path(__file__).resolve().parents[2]
     include = repo / "corpora" / "examples" / "lm_eval"

@@ -13,16 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_tools import launch_logs, launch_trainer, pretrain_deepseek, publish_text_run, wait_trainer
 
+from stoker.config.corpus import TrainConfig
 from stoker.exceptions import StokerError
 from stoker.kafka import offsets as koffsets
 from stoker.kafka import topics as ktopics
 from stoker.layout import LineLayout, RunLayout
 from stoker.lines.nights import head, read_night
-from stoker.lines.parents import LineSettings, choose_parent
-from stoker_airflow.lines import join_line, launch_parent, trainer_args
+from stoker.lines.parents import choose_parent
+from stoker_airflow.lines import init_args, join_line, launch_parent
 from stoker_local.sample import texts
+from tests.support.trainer_tools import launch_logs, launch_trainer, pretrain_deepseek, publish_text_run, wait_trainer
 
 pytestmark = pytest.mark.integration
 SEQ_LEN = 64
@@ -33,7 +34,7 @@ def docs(sample_corpus) -> list[str]:
     return list(texts(sample_corpus["data"]))
 
 
-def _night(kafka_config, sample_corpus, docs, tmp_path: Path, settings: LineSettings, ds: str, part: int,
+def _night(kafka_config, sample_corpus, docs, tmp_path: Path, settings: TrainConfig, ds: str, part: int,
            topics: list[str]) -> dict:
     """Publish a night of real text, train it as the train task does, join it to the line."""
     run = RunLayout(tmp_path / ds)
@@ -42,7 +43,7 @@ def _night(kafka_config, sample_corpus, docs, tmp_path: Path, settings: LineSett
     topics.append(m.topic)
     files = run.trainer(m.topic)
     parent = launch_parent(settings, files, m)
-    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
+    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *init_args(parent), train=settings),
                  files.folder)
     join_line(settings, m, files)
     summary = json.loads(files.summary.read_text())
@@ -51,7 +52,7 @@ def _night(kafka_config, sample_corpus, docs, tmp_path: Path, settings: LineSett
 
 def test_each_night_continues_the_line_and_only_a_finished_night_joins_it(kafka_config, sample_corpus, docs,
                                                                           tmp_path):
-    settings = LineSettings(line=f"it_{time.time_ns()}")
+    settings = TrainConfig(line=f"it_{time.time_ns()}")
     line = LineLayout.of(settings.line)
     topics: list[str] = []
     try:
@@ -104,7 +105,7 @@ def test_a_wsd_line_releases_each_nights_cooldown_and_continues_its_trunk(kafka_
     from training.metrics import read_metrics
     from training.schedule import fork_step
 
-    settings = LineSettings(line=f"wsd_{time.time_ns()}", lr_schedule="wsd", cooldown_share=0.3)
+    settings = TrainConfig(line=f"wsd_{time.time_ns()}", lr_schedule="wsd", cooldown_share=0.3)
     line = LineLayout.of(settings.line)
     topics: list[str] = []
     try:
@@ -150,7 +151,7 @@ def _first_batch_loss(folder: Path, kafka_config: dict, m) -> float:
 def test_a_line_starts_from_a_local_hugging_face_folder_and_continues(kafka_config, sample_corpus, docs, tmp_path):
     start = tmp_path / "pretrained-deepseek"
     pretrained_loss = pretrain_deepseek(sample_corpus["tokenizer"], docs[1000:1400], start, SEQ_LEN)
-    settings = LineSettings(line=f"it_hf_{time.time_ns()}", init=str(start))
+    settings = TrainConfig(line=f"it_hf_{time.time_ns()}", init=str(start))
     topics: list[str] = []
     try:
         one = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-01", 2, topics)
@@ -175,7 +176,7 @@ def test_a_line_starts_from_a_llama_folder(kafka_config, sample_corpus, docs, tm
     LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                  eos_token_id=None, pad_token_id=None, bos_token_id=None)).save_pretrained(str(start))
-    settings = LineSettings(line=f"it_llama_{time.time_ns()}", init=str(start))
+    settings = TrainConfig(line=f"it_llama_{time.time_ns()}", init=str(start))
     topics: list[str] = []
     try:
         one = _night(kafka_config, sample_corpus, docs, tmp_path, settings, "2026-11-01", 3, topics)

@@ -12,11 +12,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from quality_oracle import quality  # tests/quality_oracle.py
 
 from spark_jobs.quality import minhasher_for
 from spark_jobs.tokenize_publish import run_job
 from stoker.kafka import offsets as koffsets
+from tests.support.quality_oracle import quality
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ import unicodedata
 from collections import Counter
 
 import pytest
-from quality_oracle import ALL_ON, oracle_chain, quality  # tests/quality_oracle.py
 from test_tokenize_publish import _documents_from_topic  # tests/integration
 
 from spark_jobs import steps
@@ -21,6 +20,7 @@ from spark_jobs.tokenization import load_tokenizer
 from spark_jobs.tokenize_publish import run_job
 from stoker.kafka import offsets as koffsets
 from stoker.run.reasons import filter_reason, step_of
+from tests.support.quality_oracle import ALL_ON, oracle_chain, quality
 
 pytestmark = pytest.mark.integration
 

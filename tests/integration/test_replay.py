@@ -12,18 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_tools import committed_keys, launch_trainer, publish_text_run, wait_trainer
 
+from stoker.config.corpus import TrainConfig
 from stoker.kafka import offsets as koffsets
 from stoker.kafka import topics as ktopics
 from stoker.layout import LineLayout, RunLayout
 from stoker.lines.nights import read_night
-from stoker.lines.parents import LineSettings
 from stoker.lines.replay import replay_count
 from stoker.reports import runs
 from stoker.run import records
-from stoker_airflow.lines import join_line, keep_replay_store, launch_parent, prepare_replay, trainer_args
+from stoker_airflow.lines import init_args, join_line, keep_replay_store, launch_parent, prepare_replay
 from stoker_local.sample import texts
+from tests.support.trainer_tools import committed_keys, launch_trainer, publish_text_run, wait_trainer
 
 pytestmark = pytest.mark.integration
 SEQ_LEN = 64
@@ -43,7 +43,7 @@ def _logged(folder: Path) -> tuple[list[str], list[str], list[int]]:
 def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_resume_at_another_world_size(
         kafka_config, sample_corpus, tmp_path):
     bootstrap, docs = kafka_config["bootstrap.servers"], list(texts(sample_corpus["data"]))
-    settings = LineSettings(line=f"replay_{time.time_ns()}", replay=0.25)
+    settings = TrainConfig(line=f"replay_{time.time_ns()}", replay=0.25)
     topics: list[str] = []
     try:
         one = RunLayout(tmp_path / "2026-11-01")
@@ -53,7 +53,8 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
         f1 = one.trainer(m1.topic)
         p1 = launch_parent(settings, f1, m1)
         assert prepare_replay(settings, f1, m1, p1, kafka_config) is None  # the line's first night: nothing earlier
-        wait_trainer(launch_trainer(one.manifest, f1.folder, kafka_config, 1, *trainer_args(settings, p1)), f1.folder)
+        wait_trainer(launch_trainer(one.manifest, f1.folder, kafka_config, 1, *init_args(p1), train=settings),
+                     f1.folder)
         keep_replay_store(settings, m1, f1, kafka_config)  # as the train task does before the night joins
         join_line(settings, m1, f1)
 
@@ -79,9 +80,9 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
             assert np.array_equal(tokens, records.decode(msg.value(), msg.headers(), SEQ_LEN).tokens)
         assert prepare_replay(settings, f2, m2, p2, kafka_config) == drawn  # a relaunch reuses the draw
 
-        args = trainer_args(settings, p2)
+        args = init_args(p2)
         wait_trainer(launch_trainer(two.manifest, f2.folder, kafka_config, 2, *args, "--max-steps", "5",
-                                    "--checkpoint-every", "2"), f2.folder)
+                                    "--checkpoint-every", "2", train=settings), f2.folder)
         first = _logged(f2.folder)
         wait_trainer(launch_trainer(two.manifest, f2.folder, kafka_config, 1, *args), f2.folder)  # resumes on 1 rank
         own, replayed, steps = _logged(f2.folder)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from small_corpus import BAD, GOOD  # tests/integration/small_corpus.py
 
 from spark_jobs import steps
 from spark_jobs.streams import BOM
@@ -25,6 +24,7 @@ from stoker.reports.runs import training_skipped
 from stoker.run import records
 from stoker.run.manifest import read_manifest
 from stoker_airflow.launcher import TrainerLauncher
+from tests.support.small_corpus import BAD, GOOD
 
 pytestmark = pytest.mark.integration
 
@@ -313,7 +313,8 @@ def test_a_tokenizer_over_65536_ids_publishes_uint32_and_trains_end_to_end(spark
     """DeepSeek-V3's tokenizer has 129,280 ids: records are uint32 from the packer to the trainer, and the
     EOS/PAD ids the packer used reach the trainer through the manifest."""
     from tokenizers import Tokenizer
-    from trainer_tools import keys_by_step, launch_trainer, wait_trainer
+
+    from tests.support.trainer_tools import keys_by_step, launch_trainer, wait_trainer
 
     tok = Tokenizer.from_file(small_cfg.tokenizer.path)
     tok.add_tokens([f"<w{i}>" for i in range(70_000)])  # ids 8192 .. 78191

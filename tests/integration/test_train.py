@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_tools import all_keys, keys_by_step, kill_tree, launch_trainer, publish_run, wait_trainer
 
 from stoker.kafka import offsets as koffsets
 from stoker.kafka import topics as ktopics
 from stoker.kafka.lag import compute_lag
 from stoker.run.manifest import write_manifest
+from tests.support.trainer_tools import all_keys, keys_by_step, kill_tree, launch_trainer, publish_run, wait_trainer
 from training.metrics import read_metrics
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,12 @@ import random
 from pathlib import Path
 
 import pytest
-from trainer_tools import (
+
+from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
+from stoker.kafka.lag import compute_lag
+from stoker.run.records import make_key
+from tests.support.trainer_tools import (
     await_step,
     committed_keys,
     keys_by_step,
@@ -24,11 +29,6 @@ from trainer_tools import (
     resume_step,
     wait_trainer,
 )
-
-from stoker.kafka import offsets as koffsets
-from stoker.kafka import topics as ktopics
-from stoker.kafka.lag import compute_lag
-from stoker.run.records import make_key
 from training.metrics import read_metrics
 
 pytestmark = pytest.mark.integration

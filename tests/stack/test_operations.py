@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_tools import pretrain_deepseek
 
 from stoker.kafka import offsets as koffsets
 from stoker.kafka import topics as ktopics
 from stoker.run.manifest import read_manifest
+from tests.support.trainer_tools import pretrain_deepseek
 
 REPO = Path(__file__).resolve().parents[2]
 STACK_HOME = Path(os.environ["STOKER_HOME"]) / "stack-it"  # inside the suite's state folder

@@ -282,7 +282,7 @@ def test_spark_master_and_worker_run_classes_pyspark_ships(compose):
 def test_the_fault_suite_finds_coordinators_as_kafka_hashes_their_keys():
     """``String.hashCode`` and ``Utils.abs``: which __transaction_state / __consumer_offsets partition
     (so which broker) coordinates a transactional id or a group."""
-    from kafka_cluster import _java_abs, _java_hash  # tests/kafka_cluster.py
+    from tests.support.kafka_cluster import _java_abs, _java_hash
 
     assert _java_hash("") == 0 and _java_hash("hello") == 99162322
     assert _java_hash("polygenelubricants") == -(1 << 31) and _java_abs(-(1 << 31)) == 0

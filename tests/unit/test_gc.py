@@ -12,7 +12,7 @@ from test_line_rules import _join  # tests/unit: a night planned and promoted as
 from stoker.layout import LineLayout, RunLayout
 from stoker.lines.nights import head
 from stoker.lines.parents import choose_parent
-from stoker.reports.gc import HOLD, freed_bytes, plan_gc
+from stoker.reports.gc import HOLD, freed_bytes, removals
 from stoker_local.cli import main
 
 pytestmark = pytest.mark.unit
@@ -50,10 +50,10 @@ def test_old_nights_lose_their_checkpoint_never_the_head_the_last_join_or_a_held
         _join(line, home, ds, corpus=corpus)
     (line.night("2026-12-01", "web").folder / HOLD).write_text("the model we shipped\n")
     top = head(line)
-    removals = plan_gc(keep_checkpoints=1)
-    assert sorted((r.what, r.path) for r in removals) == sorted(
+    gone = removals(keep_checkpoints=1)
+    assert sorted((r.what, r.path) for r in gone) == sorted(
         ("checkpoint", str(line.night(ds, "web").checkpoint)) for ds in ("2026-12-02", "2026-12-03"))
-    whole = plan_gc(keep_checkpoints=1, keep_nights=2)
+    whole = removals(keep_checkpoints=1, keep_nights=2)
     assert {(r.what, r.path.rsplit("/", 1)[-1]) for r in whole} == {
         ("night", "2026-12-02.web"), ("night", "2026-12-03.web")}  # the newest joins kept: 11-20 (last), 12-04 (head)
     from stoker.reports.gc import apply

@@ -118,9 +118,10 @@ def test_the_launcher_follows_a_trainer_until_its_exit_code(tmp_path):
 
 
 def test_the_launcher_runs_the_trainer_as_a_module():
-    cmd = TrainerLauncher(TrainerFiles(Path("/t"))).command("/r/manifest.json", "debug_cpu", 2, "torchrun", [])
+    cmd = TrainerLauncher(TrainerFiles(Path("/t"))).command("/r/manifest.json", "/r/plan.json", 2, "torchrun", [])
     assert cmd[cmd.index("-m", 3) + 1] == "training.train" and "--nproc_per_node" in cmd
-    ds = TrainerLauncher(TrainerFiles(Path("/t"))).command("/r/manifest.json", "debug_cpu", 2, "deepspeed", [])
+    assert cmd[cmd.index("--plan") + 1] == "/r/plan.json" and "--recipe" not in cmd  # the plan names the recipe
+    ds = TrainerLauncher(TrainerFiles(Path("/t"))).command("/r/manifest.json", "/r/plan.json", 2, "deepspeed", [])
     assert ds[ds.index("--module") + 1] == "training.train"
 
 
@@ -128,14 +129,14 @@ def test_several_nodes_get_a_launcher_each_joining_one_rendezvous(tmp_path):
     from stoker_airflow.launcher import Placement, supervise
 
     launcher = TrainerLauncher(TrainerFiles(tmp_path / "t"))
-    cmds = launcher.commands("/r/manifest.json", "debug_cpu",
+    cmds = launcher.commands("/r/manifest.json", "/r/plan.json",
                              Placement(world_size=4, nodes=["127.0.0.1", "gpu2"], node_shell="ssh -p 22 {host}"), [])
     local, remote = cmds
     assert local[local.index("--nnodes") + 1] == "2" and local[local.index("--nproc_per_node") + 1] == "2"
     assert local[local.index("--rdzv-endpoint") + 1].startswith("127.0.0.1:") and "c10d" in local
     assert remote[:4] == ["ssh", "-p", "22", "gpu2"] and "torch.distributed.run" in remote[4]
     assert local[local.index("--rdzv-endpoint") + 1] in remote[4]  # both nodes meet at the same place
-    ds = launcher.commands("/r/manifest.json", "debug_cpu",
+    ds = launcher.commands("/r/manifest.json", "/r/plan.json",
                            Placement(world_size=4, nodes=["a", "b"], launcher="deepspeed"), [])
     assert len(ds) == 1 and (tmp_path / "t" / "hostfile").read_text() == "a slots=2\nb slots=2\n"
     # one launcher that fails stops the others, and its exit code is the task's
@@ -161,7 +162,7 @@ def test_a_remote_nodes_ranks_are_tagged_and_stopped_through_the_node_shell(tmp_
 
     launcher = TrainerLauncher(TrainerFiles(tmp_path / "t"))
     placement = Placement(world_size=2, nodes=["127.0.0.1", "gpu2"], node_shell="env NODE={host} bash -c")
-    remote = launcher.commands("/r/manifest.json", "debug_cpu", placement, [])[1]
+    remote = launcher.commands("/r/manifest.json", "/r/plan.json", placement, [])[1]
     assert f"{TAG_VAR}={tmp_path / 't'}" in remote[-1]  # the remote launcher and its ranks are tagged
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
                             env={**os.environ, TAG_VAR: str(tmp_path / "t")})  # a rank left running "there"

@@ -9,12 +9,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from stoker.layout import RunLayout
+from stoker.config.corpus import TrainConfig
+from stoker.layout import LineLayout, RunLayout
 from stoker.lines.lease import LeaseHolder, lease_holder
 from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 
 pytestmark = pytest.mark.unit
 
+
+PAIR = TrainConfig(line="pair")
+"""The train settings of the corpora that share line ``pair``."""
 
 def _manifest(corpus: str, ds: str = "2026-12-01") -> Manifest:
     return Manifest(run_id=f"{corpus}/{ds}", corpus=corpus, ds=ds, topic=f"stoker.{corpus}.{ds}.a1",
@@ -30,13 +34,13 @@ def _ti(corpus: str, try_number: int = 1) -> SimpleNamespace:
 
 
 def _operator(home, corpus: str, retries: int = 2):
-    from stoker.lines.parents import LineSettings
     from stoker_airflow.operators.train import DeepSpeedTrainOperator
+    from tests.support.trainer_tools import write_plan
 
     run = RunLayout.of(corpus, "2026-12-01")
     write_manifest(run.run_dir, _manifest(corpus))
-    return DeepSpeedTrainOperator(task_id="train", manifest_path=str(run.manifest), retries=retries,
-                                  line=LineSettings(line="pair").to_dict())
+    write_plan(run.manifest, PAIR)  # the corpus feeds line `pair`, as its plan says
+    return DeepSpeedTrainOperator(task_id="train", manifest_path=str(run.manifest), retries=retries)
 
 
 def _holder(corpus: str) -> LeaseHolder:
@@ -49,7 +53,7 @@ def test_a_night_waits_out_of_the_pool_while_another_night_of_its_line_holds_the
 
     from stoker_airflow import lines
 
-    lines.take_line_lease(lines.LineSettings(line="pair"), _manifest("pair_a"), _ti("pair_a"),
+    lines.take_line_lease(PAIR, _manifest("pair_a"), _ti("pair_a"),
                           alive=lambda h: pytest.fail("a free lease asks nobody"))
     asked = []
     monkeypatch.setattr(lines, "_task_alive", lambda h: asked.append(h.corpus) or True)  # pair_a: `scheduled`
@@ -58,7 +62,7 @@ def test_a_night_waits_out_of_the_pool_while_another_night_of_its_line_holds_the
         op.execute({"ti": _ti("pair_b")})
     assert asked == ["pair_a"]
     assert not list((RunLayout.of("pair_b", "2026-12-01").run_dir / "train").glob("*"))  # nothing launched
-    assert lease_holder(lines.LineSettings(line="pair").layout).corpus == "pair_a"
+    assert lease_holder(LineLayout.of("pair")).corpus == "pair_a"
 
 
 def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_kept_for_a_retry(home, monkeypatch):
@@ -66,12 +70,12 @@ def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_ke
 
     from stoker_airflow import lines
 
-    layout = lines.LineSettings(line="pair").layout
+    layout = LineLayout.of("pair")
     op = _operator(home, "pair_a", retries=2)
     import stoker_airflow.operators.train as ops
 
     monkeypatch.setattr(ops, "join_line", lambda *a: SimpleNamespace(folder=home / "night"))
-    lines.take_line_lease(lines.LineSettings(line="pair"), _manifest("pair_a"), _ti("pair_a"))
+    lines.take_line_lease(PAIR, _manifest("pair_a"), _ti("pair_a"))
     with pytest.raises(AirflowException) as e:  # died, restarts left: the retry continues this night
         op.execute_complete({"ti": _ti("pair_a", 1)}, {"status": "trainer_failed", "rc": -9, "lag": 4})
     assert not isinstance(e.value, AirflowFailException)
@@ -79,7 +83,7 @@ def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_ke
     op.execute_complete({"ti": _ti("pair_a", 2)}, {"status": "caught_up", "rc": 0, "lag": 0})
     assert lease_holder(layout) is None  # joined: the next night may train
 
-    lines.take_line_lease(lines.LineSettings(line="pair"), _manifest("pair_a"), _ti("pair_a"))
+    lines.take_line_lease(PAIR, _manifest("pair_a"), _ti("pair_a"))
     with pytest.raises(AirflowFailException):  # a relaunch cannot fix a timeout
         op.execute_complete({"ti": _ti("pair_a", 1)}, {"status": "timeout", "lag": 4, "partitions": {"0": 4}})
     assert lease_holder(layout) is None
@@ -87,9 +91,8 @@ def test_the_lease_is_given_back_when_the_night_joined_or_failed_for_good_and_ke
 
 def test_a_holder_whose_task_is_over_is_taken_over_and_a_retry_keeps_its_own(home):
     from stoker.lines.lease import give_back_lease, take_lease
-    from stoker.lines.parents import LineSettings
 
-    layout = LineSettings(line="pair").layout
+    layout = LineLayout.of("pair")
     assert take_lease(layout, _holder("pair_a"), holder_alive=lambda h: True) is None
     assert take_lease(layout, _holder("pair_a"), holder_alive=lambda h: pytest.fail("its own")) is None  # a retry
     assert take_lease(layout, _holder("pair_b"), holder_alive=lambda h: True).corpus == "pair_a"

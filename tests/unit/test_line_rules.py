@@ -206,7 +206,11 @@ def test_the_train_task_holds_its_lines_pool():
     assert train.pool == "stoker_line_sample"
     # CeleryExecutor: the trainer goes to a GPU worker, the Spark driver and the sensors to the default queue
     assert train.queue == "gpu" and m.refresh_sample.get_task("publish.tokenize_publish").queue == "default"
-    assert train.line is None  # the line's settings come from the run plan (tests/unit/test_run_plan.py)
+    # the train settings come from the run plan when the task runs (tests/unit/test_run_plan.py): the DAG
+    # file keeps only what shapes the task (retries, retry delay, pool, queue)
+    runtime = {"recipe", "world_size", "launcher", "nodes", "node_shell", "timeout_s", "log_keys", "line"}
+    kept = runtime & set(vars(train))
+    assert not kept, kept
 
 
 def test_node_settings_validate():

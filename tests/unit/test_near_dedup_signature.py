@@ -9,10 +9,10 @@ import unicodedata
 
 import numpy as np
 import pytest
-from quality_oracle import quality  # tests/quality_oracle.py
 
 from spark_jobs.near_dedup import MinHasher, _union_find, simplify
 from spark_jobs.quality import Filters
+from tests.support.quality_oracle import quality
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +31,8 @@ def hasher(block: dict) -> MinHasher:
 
 def test_simplified_text_shingles_and_signatures_are_datatroves(texts, tmp_path):
     from datatrove.utils.text import simplify_text
-    from quality_oracle import minhash_signature
+
+    from tests.support.quality_oracle import minhash_signature
 
     theirs = minhash_signature(str(tmp_path))  # its shingles' UTF-8 bytes hashed, as Stoker does
     mine = hasher({})

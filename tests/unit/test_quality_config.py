@@ -4,12 +4,12 @@ grouped by the step that dropped them."""
 from __future__ import annotations
 
 import pytest
-from quality_oracle import quality  # tests/quality_oracle.py
 
 from stoker.config.corpus import load_corpus
 from stoker.exceptions import ConfigError
 from stoker.paths import REPO_ROOT
 from stoker.run.reasons import by_step, step_of
+from tests.support.quality_oracle import quality
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,11 @@ import unicodedata
 from collections import Counter
 
 import pytest
-from quality_oracle import ALL_ON, oracle_chain, quality  # tests/quality_oracle.py
 
-from spark_jobs.quality import Filters, Verdict
+from spark_jobs.quality import FILTERS, Filters, Verdict
+from stoker.config.quality import FILTERS as FILTER_CONFIGS
+from stoker.run.reasons import STEPS, step_of
+from tests.support.quality_oracle import ALL_ON, oracle_chain, quality
 
 pytestmark = pytest.mark.unit
 
@@ -41,11 +43,20 @@ def compare(block: dict, docs: list[tuple[str, str]]) -> tuple[Counter, list]:
     return reasons, differ
 
 
-@pytest.mark.parametrize("name", ["language_id", "gopher_repetition", "gopher_quality", "c4", "fineweb"])
+@pytest.mark.parametrize("name", [f.STEP for f in FILTER_CONFIGS])
 def test_each_filter_keeps_and_drops_what_datatroves_does_for_the_same_reason(docs, name):
     reasons, differ = compare({name: {"enabled": True}}, docs)
     assert not differ, f"{len(differ)} of {len(docs)} differ from datatrove, e.g. {differ[:3]}"
     assert reasons["kept"] and len(reasons) >= 2, reasons  # the sample exercises the filter both ways
+    # every reason it dropped by is one its config names, so the run's counts find its step
+    assert set(reasons) - {"kept"} <= set(getattr(quality({}), name).REASONS), reasons
+    assert {step_of(r) for r in set(reasons) - {"kept"}} == {name}
+
+
+def test_every_filter_config_has_its_class_in_the_stage_in_the_same_order():
+    assert [f.config for f in FILTERS] == list(FILTER_CONFIGS)
+    assert [f.STEP for f in FILTER_CONFIGS] == [name for name in STEPS if name not in ("read", "clean", "dedup")]
+    assert len({r for f in FILTER_CONFIGS for r in f.REASONS}) == sum(len(f.REASONS) for f in FILTER_CONFIGS)
 
 
 def test_fineweb_chain_with_scrubbing_matches_datatrove_document_for_document(docs):

@@ -55,12 +55,12 @@ def test_an_unknown_recipe_lists_what_there_is(recipes):
 
 
 def test_command_line_overrides_go_through_validation():
-    args = parse_args(["--manifest", "m", "--out", "o", "--micro-batch-size", "0"])
+    args = parse_args(["--manifest", "m", "--plan", "p", "--out", "o", "--micro-batch-size", "0"])
     with pytest.raises(ConfigError, match="command line: recipe debug_cpu: micro_batch_size = 0 must be >= 1"):
-        resolve_recipe(args)
-    args = parse_args(["--manifest", "m", "--out", "o", "--set", "model.num_layers=2", "--set", "lr=5e-4",
-                       "--checkpoint-every", "7"])
-    r = resolve_recipe(args)
+        resolve_recipe(args, "debug_cpu")
+    args = parse_args(["--manifest", "m", "--plan", "p", "--out", "o", "--set", "model.num_layers=2", "--set",
+                       "lr=5e-4", "--checkpoint-every", "7"])
+    r = resolve_recipe(args, "debug_cpu")
     assert (r.model.num_layers, r.lr, r.checkpoint_every, r.name) == (2, 5e-4, 7, "debug_cpu")
     with pytest.raises(ConfigError, match="--set 'lr': must be KEY=VALUE"):
         parse_overrides(["lr"])
@@ -88,3 +88,16 @@ def test_a_corpus_naming_a_missing_recipe_is_an_import_error_and_the_others_stay
         assert "train.recipe = 'huge': no such recipe" in "".join(m._errors)
     finally:
         sys.modules.pop("dags.refresh_dags", None)
+
+
+def test_the_trainer_takes_its_recipe_and_line_settings_from_the_plan_only(capsys):
+    """The command line is frozen to the plan and the launch's runtime paths: the recipe, the optimizer and the
+    LR schedule across nights are the corpus's ``train.*`` in the run's plan, never a second copy as flags."""
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    for flag in ("--recipe", "--optimizer", "--lr-schedule", "--cooldown-share"):
+        assert flag not in shown
+    with pytest.raises(SystemExit):
+        parse_args(["--manifest", "m", "--out", "o"])  # no plan: refused
+    assert "--plan" in capsys.readouterr().err

@@ -44,11 +44,18 @@ def test_a_relaunch_starts_a_fresh_line_after_a_torn_one(tmp_path):
     assert [r["step"] for r in read_metrics(files.metrics)] == [1, 2, 3, 4]
 
 
+def _ti(try_number: int) -> SimpleNamespace:
+    return SimpleNamespace(dag_id="refresh_c", run_id="manual__2026-12-01", task_id="training.train",
+                           try_number=try_number)
+
+
 def _operator(tmp_path, retries: int):
     from stoker_airflow.operators.train import DeepSpeedTrainOperator
+    from tests.support.trainer_tools import write_plan
 
     run = RunLayout.of("c", "2026-12-01", root=tmp_path)
     write_manifest(run.run_dir, _manifest())
+    write_plan(run.manifest)  # the train settings the task reads when it runs
     return DeepSpeedTrainOperator(task_id="train", manifest_path=str(run.manifest), retries=retries)
 
 
@@ -57,7 +64,7 @@ def test_a_dead_trainer_fails_the_try_for_a_relaunch_until_the_restarts_are_spen
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     op = _operator(tmp_path, retries=3)
-    context = {"ti": SimpleNamespace(try_number=try_number)}
+    context = {"ti": _ti(try_number)}
     with pytest.raises(AirflowException) as e:
         op.execute_complete(context, {"status": "trainer_failed", "rc": TRAINER_LOST, "lag": 40})
     assert isinstance(e.value, AirflowFailException) is not retryable
@@ -71,14 +78,18 @@ def test_what_a_relaunch_cannot_fix_fails_for_good(tmp_path, status):
     from airflow.sdk.exceptions import AirflowFailException
 
     with pytest.raises(AirflowFailException):
-        _operator(tmp_path, retries=3).execute_complete({"ti": SimpleNamespace(try_number=1)},
+        _operator(tmp_path, retries=3).execute_complete({"ti": _ti(1)},
                                                         {"status": status, "lag": 5, "partitions": {"0": 5}})
 
 
-def test_caught_up_returns_the_trainer(tmp_path):
-    out = _operator(tmp_path, retries=3).execute_complete({"ti": SimpleNamespace(try_number=2)},
+def test_caught_up_returns_the_trainer(tmp_path, monkeypatch):
+    import stoker_airflow.operators.train as ops
+
+    monkeypatch.setattr(ops, "join_line", lambda *a: SimpleNamespace(folder=tmp_path / "night"))  # its own test
+    out = _operator(tmp_path, retries=3).execute_complete({"ti": _ti(2)},
                                                           {"status": "caught_up", "rc": 0, "lag": 0})
     assert out["consumed"] is True and out["topic"] == "stoker.c.20261201.a1"
+    assert out["line_night"] == str(tmp_path / "night")  # every corpus's night joins its line
 
 
 def test_pruning_keeps_the_newest_complete_checkpoints_and_removes_the_rest(tmp_path):
@@ -155,7 +166,7 @@ def test_a_task_that_fails_for_good_stops_its_trainer(tmp_path, event, failure):
     if failure:
         files.failure.write_text(json.dumps(failure))
     with pytest.raises(AirflowFailException) as e:
-        op.execute_complete({"ti": SimpleNamespace(try_number=1 if failure else 2)}, event)
+        op.execute_complete({"ti": _ti(1 if failure else 2)}, event)
     assert [p.wait(timeout=60) for p in procs]  # both ended (by a signal), none left training
     if failure:  # the trainer's own word wins: no relaunch is offered for data that is gone
         assert "partition 0: offset 3 is gone" in str(e.value)
@@ -163,16 +174,21 @@ def test_a_task_that_fails_for_good_stops_its_trainer(tmp_path, event, failure):
 
 def test_a_checkpoint_keeps_each_stateful_part_in_its_named_slot():
     """``data`` (every rank's offsets) and ``progress`` (the run's counters) each in a slot of their own;
-    a checkpoint written before slots (flat) still resumes; one without Stoker's state is refused."""
+    a checkpoint of another format (the flat state before slots, slots without a version) or without Stoker's
+    state is refused, naming the versions and what to do."""
     from stoker.exceptions import StokerError
     from training.checkpoint import client_slots, restore
     from training.progress import Progress
 
     data = {"topic": "t", "next_offsets": {"0": 7}}
     progress = Progress(publication="p", step=12, sequences=40, tokens=999)
-    slots = client_slots({"stoker_slots": {"data": data, "progress": progress.state_dict()}, "step": 12}, "ck")
-    flat = client_slots({"data": data, **progress.state_dict()}, "old")
-    assert slots["data"] == flat["data"] == data and slots["progress"]["manifest"] == flat["progress"]["manifest"]
+    slots = client_slots({"stoker_slots": {"data": data, "progress": progress.state_dict()}, "stoker_version": 2,
+                          "step": 12}, "ck")
+    assert slots["data"] == data and slots["progress"]["manifest"] == "p"
+    for old in ({"data": data, **progress.state_dict()}, {"stoker_slots": {"data": data}, "step": 12}):
+        with pytest.raises(StokerError, match="checkpoint old is of Stoker's checkpoint format 1; this trainer reads "
+                                              "format 2: remove the run's checkpoints folder"):
+            client_slots(old, "old")
 
     class Source:
         state: dict = {}
@@ -184,6 +200,6 @@ def test_a_checkpoint_keeps_each_stateful_part_in_its_named_slot():
     restore(slots, {"data": source, "progress": resumed})
     assert source.state == data and (resumed.step, resumed.sequences, resumed.tokens) == (12, 40, 999)
     with pytest.raises(StokerError, match=r"lacks slots \['progress'\]"):
-        client_slots({"stoker_slots": {"data": data}, "step": 1}, "ck")
+        client_slots({"stoker_slots": {"data": data}, "stoker_version": 2, "step": 1}, "ck")
     with pytest.raises(StokerError, match="holds no Stoker state"):
         client_slots({"step": 1}, "ck")

@@ -88,8 +88,8 @@ def test_the_publish_task_writes_the_plan_and_the_train_task_reads_its_line_from
     assert on_disk.corpus.pack.seq_len == 64 and on_disk.corpus.publish.spark_partitions == 2
     assert on_disk.topic.endswith(".a3") and on_disk.parent["kind"] == "random"  # the line's first night
     train = DeepSpeedTrainOperator(task_id="train", manifest_path=str(plan.run.manifest))
-    settings = train.line_settings()
-    assert settings is not None and (settings.line, settings.optimizer) == ("pair", "fresh")
+    settings = train.train_config()  # read from the plan when the task runs, not from the DAG file
+    assert (settings.line, settings.optimizer) == ("pair", "fresh")
 
     from airflow.sdk.exceptions import AirflowFailException
 

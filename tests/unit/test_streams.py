@@ -11,14 +11,14 @@ import pytest
 import zstandard
 
 from spark_jobs import steps
-from spark_jobs.streams import BOM, Split, plan_tasks, scan_file, split_records
+from spark_jobs.streams import BOM, Split, scan_file, split_records, split_tasks
 
 pytestmark = pytest.mark.unit
 
 
 def _records(path, size: int, split_bytes: int, max_bytes: int = 1 << 20, fmt: str = "jsonl"):
     files = [{"path": str(path), "bytes": size, **scan_file(str(path))}]
-    return [r for t in plan_tasks(files, split_bytes) for s in t for r in split_records(s, fmt, "text", max_bytes)]
+    return [r for t in split_tasks(files, split_bytes) for s in t for r in split_records(s, fmt, "text", max_bytes)]
 
 
 @pytest.mark.parametrize("split_bytes", [1, 2, 3, 7, 64, 1000, 1 << 20])
@@ -82,7 +82,7 @@ def test_compressed_files_stream_and_a_corrupt_one_is_one_record(tmp_path):
 def test_tasks_cut_big_files_group_small_ones_and_cover_every_byte_once():
     files = [{"path": "big.jsonl", "bytes": 1000}, {"path": "c.jsonl.zst", "bytes": 300}]
     files += [{"path": f"s{i}.jsonl", "bytes": 10} for i in range(30)]
-    tasks = plan_tasks(files, split_bytes=256, min_tasks=2)
+    tasks = split_tasks(files, split_bytes=256, min_tasks=2)
     covered: dict[str, list[tuple[int, int]]] = {}
     for t in tasks:
         for s in t:
@@ -95,9 +95,9 @@ def test_tasks_cut_big_files_group_small_ones_and_cover_every_byte_once():
     assert len(tasks) == 8  # 1600 bytes: 7 shares of at most 256, rounded up to a multiple of 2
     assert len(covered["big.jsonl"]) == 5  # cut at every 200 bytes
     assert max(len(t) for t in tasks) >= 10  # small files share a task: not 30 tiny transactions
-    assert plan_tasks(files, 256, 2) == tasks  # the plan is a function of the files and settings
+    assert split_tasks(files, 256, 2) == tasks  # the plan is a function of the files and settings
 
 
 def test_a_small_drop_still_gets_min_tasks():
-    tasks = plan_tasks([{"path": "a.jsonl", "bytes": 4000}], split_bytes=64 << 20, min_tasks=4)
+    tasks = split_tasks([{"path": "a.jsonl", "bytes": 4000}], split_bytes=64 << 20, min_tasks=4)
     assert [t for t in tasks] == [[Split("a.jsonl", i * 1000, (i + 1) * 1000)] for i in range(4)]

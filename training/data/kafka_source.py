@@ -53,10 +53,7 @@ class Pending:
 def verify_consumed(state: Mapping[str, Any], manifest: Manifest) -> None:
     """Every partition's read count equals the manifest's, and its next offset is the manifest's end
     (``state``: the run's merged data state at the end of training)."""
-    consumed, nxt = state.get("consumed"), state["next_offsets"]
-    if consumed is None:  # a checkpoint of an earlier Stoker, which did not count
-        log.warning("the data state has no read counts: the consumed count cannot be checked against the manifest")
-        return
+    consumed, nxt = state["consumed"], state["next_offsets"]  # checkpoint format 2 always counts
     wrong = [f"partition {p.partition}: read {consumed.get(str(p.partition), 0)} of {p.sequences} sequences in "
              f"offsets [{p.start_offset}, {p.end_offset}), next offset {nxt.get(str(p.partition))}"
              for p in manifest.partitions
@@ -90,9 +87,8 @@ class KafkaTokenSource:
         self.end = {p.partition: p.end_offset for p in manifest.partitions}
         self.offsets = {p.partition: p.start_offset for p in manifest.partitions}
         self.start = dict(self.offsets)
-        self.consumed: dict[int, int] | None = {p.partition: 0 for p in manifest.partitions}
-        """Sequences read (and marked trained) per partition since its start offset; None: unknown (a
-        checkpoint of an earlier Stoker)."""
+        self.consumed: dict[int, int] = {p.partition: 0 for p in manifest.partitions}
+        """Sequences read (and marked trained) per partition since its start offset."""
         self.buffer_cap = max(2048, BUFFER_BYTES // ((manifest.seq_len + 1) * records.DTYPES[manifest.dtype].itemsize))
         self.partitions = assign(list(self.end), rank, world)
         self._consumer: Any = None
@@ -109,9 +105,8 @@ class KafkaTokenSource:
     # -- Stateful ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = {"topic": self.manifest.topic, "next_offsets": {str(p): o for p, o in self.offsets.items()},
-                 "assignment": {"rank": self.rank, "world": self.world, "partitions": self.partitions}}
-        if self.consumed is not None:
-            state["consumed"] = {str(p): n for p, n in self.consumed.items()}
+                 "assignment": {"rank": self.rank, "world": self.world, "partitions": self.partitions},
+                 "consumed": {str(p): n for p, n in self.consumed.items()}}
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -123,8 +118,7 @@ class KafkaTokenSource:
             if p not in self.end or not 0 <= o <= self.end[p]:
                 raise StokerError(f"checkpoint offset {o} for partition {p} is outside the run [0, {self.end.get(p)}]")
             self.offsets[p] = int(o)
-        consumed = state.get("consumed")
-        self.consumed = {int(p): int(n) for p, n in consumed.items()} if consumed is not None else None
+        self.consumed = {int(p): int(n) for p, n in state["consumed"].items()}
         self._close()
 
     # -- reading -------------------------------------------------------------------------------
@@ -271,6 +265,5 @@ class KafkaTokenSource:
         """The step that consumed ``pending`` is done: its offsets (and read counts) become the source's
         state. In memory only: the trainer's checkpoint saves them, then commits them to Kafka."""
         self.offsets.update(pending.next_offsets)
-        if self.consumed is not None:
-            for p, n in pending.counts.items():
-                self.consumed[p] += n
+        for p, n in pending.counts.items():
+            self.consumed[p] += n

@@ -45,48 +45,41 @@ class NightEvalOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("manifest_path",)
 
-    def __init__(self, *, manifest_path: str, forgetting_nights: int = 3, timeout_s: int = 3600,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, manifest_path: str, timeout_s: int = 3600, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.manifest_path = manifest_path
-        self.forgetting_nights = forgetting_nights
         self.timeout_s = timeout_s
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
         from stoker.layout import RunLayout
-        from stoker.lines.parents import LineSettings
         from stoker.run.manifest import read_manifest
         from stoker.run.plan import read_plan
         from stoker_airflow.lines import give_back_line_lease
 
         m = read_manifest(self.manifest_path)
         run = RunLayout.of_manifest(self.manifest_path)
-        cfg = read_plan(run.plan).corpus if run.plan.is_file() else None
-        settings = LineSettings.of(cfg.train) if cfg is not None else None
+        cfg = read_plan(run.plan).corpus
         run.evaluation.unlink(missing_ok=True)  # an earlier try's figures are not this one's
         try:
             if not m.holdout.get("docs"):
                 raise AirflowSkipException(f"{m.run_id}: no document was held out (eval.holdout_per_mille = "
                                            f"{m.holdout.get('per_mille', 0)}): nothing to evaluate on, no gate")
-            result = self.evaluate(m, run, settings.line if settings else None, cfg)
-            if settings is not None and cfg is not None:
-                result["decision"] = self.gate(m, run, settings, cfg, result)
-                atomic_write_json(run.evaluation, result)
+            result = self.evaluate(m, run, cfg)
+            result["decision"] = self.gate(m, run, cfg, result)
+            atomic_write_json(run.evaluation, result)
         finally:  # the lease the train task handed over: the line's next night may launch
-            if settings is not None:
-                give_back_line_lease(settings, m, context["ti"])
+            give_back_line_lease(cfg.train, m, context["ti"])
         return {"decision": result.get("decision"), **{name: f["all"] for name, f in result["sets"].items()}}
 
-    def evaluate(self, m: Any, run: Any, line: str | None, cfg: Any) -> dict[str, Any]:
+    def evaluate(self, m: Any, run: Any, cfg: Any) -> dict[str, Any]:
         from stoker.lines.eval_sets import baseline_model, eval_sets
 
         files = run.trainer(m.topic)
         parent = json.loads(files.parent.read_text()) if files.parent.is_file() else {}
         baseline = baseline_model(parent)
-        count = cfg.eval.forgetting_nights if cfg is not None else self.forgetting_nights
-        sets = eval_sets(run.holdout, parent if line is not None else {}, m.ds, m.corpus, count)
+        sets = eval_sets(run.holdout, parent, m.ds, m.corpus, cfg.eval.forgetting_nights)
         done = trainer_scores(files, sets, baseline)
         if done is not None:
             self.log.info("the trainer scored %s against %s on %s right after its export (%.1f s)", files.export,
@@ -95,7 +88,7 @@ class NightEvalOperator(BaseOperator):
         else:
             self.score(files, sets, baseline, run)
         result: dict[str, Any] = json.loads(run.evaluation.read_text())
-        if cfg is not None and cfg.eval.lm_eval_tasks:
+        if cfg.eval.lm_eval_tasks:
             result["lm_eval"] = self.harness(files, baseline, cfg.eval, run)
             atomic_write_json(run.evaluation, result)
         for name, figures in result["sets"].items():
@@ -138,15 +131,16 @@ class NightEvalOperator(BaseOperator):
                               f" (blessed {m['baseline']:.4f})" if "baseline" in m else "")
         return result
 
-    def gate(self, m: Any, run: Any, settings: Any, cfg: Any, result: dict[str, Any]) -> dict[str, Any] | None:
+    def gate(self, m: Any, run: Any, cfg: Any, result: dict[str, Any]) -> dict[str, Any] | None:
         """The decision on the joined night, recorded in the line (stoker.lines.gate)."""
+        from stoker.layout import LineLayout
         from stoker.lines.gate import decide, record_decision
         from stoker.lines.nights import read_night
 
-        night = settings.layout.night(m.ds, m.corpus)
+        night = LineLayout.of(cfg.train.line).night(m.ds, m.corpus)
         record = read_night(night) if night.record.is_file() else {}
         if record.get("topic") != m.topic:
-            self.log.warning("night %s of %s is not in line %s: no decision", m.ds, m.corpus, settings.line)
+            self.log.warning("night %s of %s is not in line %s: no decision", m.ds, m.corpus, cfg.train.line)
             return None
         decision = decide(result, record.get("parent", {}).get("role", "head"), cfg.eval.gate_k,
                           cfg.eval.max_regression, cfg.eval.max_forgetting)

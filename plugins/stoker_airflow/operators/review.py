@@ -59,7 +59,6 @@ class NightReviewOperator(HITLOperator):
         from airflow.sdk.exceptions import AirflowSkipException
 
         from stoker.layout import RunLayout
-        from stoker.lines.parents import LineSettings
         from stoker.run.manifest import read_manifest
         from stoker.run.plan import read_plan
 
@@ -69,7 +68,7 @@ class NightReviewOperator(HITLOperator):
         if decision != "held":
             raise AirflowSkipException(f"the gate's decision: {decision or 'none (no evaluation)'}; nothing to review")
         cfg = read_plan(run.plan).corpus
-        return cfg, read_manifest(self.manifest_path), LineSettings.of(cfg.train), result
+        return cfg, read_manifest(self.manifest_path), cfg.train, result
 
     def execute(self, context: Any) -> Any:
         cfg, m, settings, result = self._held()
@@ -99,5 +98,8 @@ class NightReviewOperator(HITLOperator):
         if choice == "hold" and not person:
             self.log.info("night %s.%s stays held (%s); the line's head stays", m.ds, m.corpus, who)
             return
-        done = human_decision(settings.layout, m.ds, m.corpus, choice, who, f"{choice} by {who} in the review step")
+        from stoker.layout import LineLayout
+
+        done = human_decision(LineLayout.of(settings.line), m.ds, m.corpus, choice, who,
+                              f"{choice} by {who} in the review step")
         self.log.info("night %s.%s of line %s: %s by %s", m.ds, m.corpus, settings.line, done["decision"], who)

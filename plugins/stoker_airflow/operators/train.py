@@ -1,5 +1,4 @@
-"""Operators of a refresh.
-"""
+"""The train task: the trainer launched detached on the run's topic and followed, deferred, to the end."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from stoker import paths
-from stoker.config.corpus import NODE_SHELL
-from stoker.lines.parents import LineSettings
+from stoker.config.corpus import TrainConfig
 from stoker_airflow.hooks import StokerKafkaHook
 from stoker_airflow.launcher import LOCAL_HOSTS, Placement
 from stoker_airflow.lines import (
@@ -24,7 +22,6 @@ from stoker_airflow.lines import (
     launch_parent,
     prepare_replay,
     take_line_lease,
-    trainer_args,
 )
 from stoker_airflow.triggers.kafka import Status
 
@@ -52,48 +49,35 @@ class DeepSpeedTrainOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("manifest_path",)
 
-    def __init__(self, *, manifest_path: str, recipe: str = "debug_cpu", world_size: int = 1,
-                 launcher: str = "torchrun", kafka_config_id: str = "kafka_default",
-                 extra_args: list[str] | None = None, poll_interval: float = 5.0, timeout_s: float = 24 * 3600,
-                 log_keys: bool = False, line: dict[str, Any] | None = None, nodes: list[str] | None = None,
-                 node_shell: str = NODE_SHELL, gate_task_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, manifest_path: str, kafka_config_id: str = "kafka_default",
+                 extra_args: list[str] | None = None, poll_interval: float = 5.0, gate_task_id: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.gate_task_id = gate_task_id
-        """The task of this run that decides whether the joined night is the line's head: the lease goes to it."""
-        if world_size < 1:
-            raise ValueError(f"world_size = {world_size}: must be >= 1")
-        if launcher not in ("torchrun", "deepspeed"):
-            raise ValueError(f"launcher = {launcher!r}: must be 'torchrun' or 'deepspeed'")
         self.manifest_path = manifest_path
-        self.recipe = recipe
-        self.world_size = world_size
-        self.launcher = launcher
         self.kafka_config_id = kafka_config_id
         self.extra_args = list(extra_args or [])
+        """Trainer flags for a debugging or benchmark run (``--max-steps``, ``--set``); none in a refresh."""
         self.poll_interval = poll_interval
-        self.timeout_s = timeout_s
-        self.log_keys = log_keys
-        self.line = dict(line) if line else None
-        self.nodes = list(nodes or [])
-        self.node_shell = node_shell
-        if self.nodes and world_size % len(self.nodes):
-            raise ValueError(f"world_size = {world_size}: must be a multiple of the {len(self.nodes)} nodes")
-        """The model line (``LineSettings``) the night continues; None: a model of its own."""
+        self.gate_task_id = gate_task_id
+        """The task of this run that decides whether the joined night is the line's head: the lease goes to it."""
 
-    def line_settings(self) -> LineSettings | None:
-        """The model line the night continues: the corpus's, from the run plan the publish task wrote (the
-        ``line`` argument, where given, wins: a trainer run outside a refresh DAG)."""
+    def train_config(self) -> TrainConfig:
+        """The corpus's train settings as the run's plan decided them (the publish task wrote it): read when the
+        task runs, never from the DAG file at parse time, so a re-parse cannot meet an older plan."""
         from stoker.layout import RunLayout
         from stoker.run.plan import read_plan
 
-        if self.line:
-            return LineSettings(**self.line)
-        plan = RunLayout.of_manifest(self.manifest_path).plan
-        return LineSettings.of(read_plan(plan).corpus.train) if plan.is_file() else None
+        return read_plan(RunLayout.of_manifest(self.manifest_path).plan).corpus.train
 
-    def _placement(self) -> Placement:
-        return Placement(world_size=self.world_size, launcher=self.launcher, nodes=self.nodes,
-                         node_shell=self.node_shell)
+    def _plan_path(self) -> str:
+        from stoker.layout import RunLayout
+
+        return str(RunLayout.of_manifest(self.manifest_path).plan)
+
+    @staticmethod
+    def _placement(train: TrainConfig) -> Placement:
+        return Placement(world_size=train.world_size, launcher=train.launcher, nodes=list(train.nodes),
+                         node_shell=train.node_shell)
 
     def _launcher(self, m: Any) -> Any:
         from stoker.layout import RunLayout
@@ -104,7 +88,7 @@ class DeepSpeedTrainOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         import time
 
-        from stoker.layout import RunLayout, consumer_group
+        from stoker.layout import consumer_group
         from stoker.reports.runs import training_skipped
         from stoker.run.manifest import read_manifest
         from stoker_airflow.sensors.kafka import lag_trigger
@@ -115,12 +99,12 @@ class DeepSpeedTrainOperator(BaseOperator):
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(skipped)
-        settings = self.line_settings()
-        if settings:  # before anything of the night's trainer is touched: another night may hold the line
-            take_line_lease(settings, m, context["ti"])
+        train = self.train_config()
+        # before anything of the night's trainer is touched: another night may hold the line
+        take_line_lease(train, m, context["ti"])
         launcher = self._launcher(m)
         launcher.adopt_or_reset(m)
-        placement = self._placement()
+        placement = self._placement(train)
         if launcher.running():
             self.log.info("trainer already running (%s): following it", launcher.where())
         else:
@@ -128,25 +112,22 @@ class DeepSpeedTrainOperator(BaseOperator):
             launcher.files.failure.unlink(missing_ok=True)
             hook = StokerKafkaHook(self.kafka_config_id)
             config = hook.subprocess_config()
-            extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if self.log_keys else [])]
-            plan = RunLayout.of_manifest(self.manifest_path).plan
-            extra += ["--plan", str(plan)] if plan.is_file() else []  # the recipe and the line's settings
-            if settings:
-                parent = launch_parent(settings, launcher.files, m)
-                prepare_replay(settings, launcher.files, m, parent, hook.client_config())
-                self.log.info("night %s of line %s starts from %s", m.ds, settings.line, parent.describe())
-                extra += init_args(parent) if plan.is_file() else trainer_args(settings, parent)
+            extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if train.log_keys else [])]
+            parent = launch_parent(train, launcher.files, m)
+            prepare_replay(train, launcher.files, m, parent, hook.client_config())
+            self.log.info("night %s of line %s starts from %s", m.ds, train.line, parent.describe())
+            extra += init_args(parent)
             env = {"STOKER_KAFKA_CONFIG": json.dumps(config)}
-            if any(h not in LOCAL_HOSTS for h in self.nodes):  # ssh passes no environment: a 0600 file
+            if any(h not in LOCAL_HOSTS for h in train.nodes):  # ssh passes no environment: a 0600 file
                 launcher.files.folder.mkdir(parents=True, exist_ok=True)
                 paths.write_private(launcher.files.secrets, json.dumps(env))
                 extra += ["--secrets-file", str(launcher.files.secrets)]
-            cmd = launcher.commands(self.manifest_path, None if plan.is_file() else self.recipe, placement, extra)
-            pid = launcher.start(m, cmd, env, self.world_size)
-            self.log.info("trainer started (pid %d, %d ranks, try %d): %s; log %s", pid, self.world_size,
+            cmd = launcher.commands(self.manifest_path, self._plan_path(), placement, extra)
+            pid = launcher.start(m, cmd, env, train.world_size)
+            self.log.info("trainer started (pid %d, %d ranks, try %d): %s; log %s", pid, train.world_size,
                           context["ti"].try_number, " & ".join(" ".join(c) for c in cmd), launcher.files.log)
         self.defer(trigger=lag_trigger(m, consumer_group(m.topic), self.kafka_config_id, self.poll_interval,
-                                       time.time() + self.timeout_s, rc_file=str(launcher.files.rc)),
+                                       time.time() + train.timeout_s, rc_file=str(launcher.files.rc)),
                    method_name="execute_complete")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -159,23 +140,23 @@ class DeepSpeedTrainOperator(BaseOperator):
         m = read_manifest(self.manifest_path)
         launcher = self._launcher(m)
         launcher.files.secrets.unlink(missing_ok=True)
-        settings = self.line_settings()
+        train = self.train_config()
         if event["status"] == Status.CAUGHT_UP:
             holdout = RunLayout.of_manifest(self.manifest_path).holdout
-            keep_replay_store(settings, m, launcher.files, StokerKafkaHook(self.kafka_config_id).client_config())
-            night = join_line(settings, m, launcher.files, holdout) if settings else None
-            if settings and self.gate_task_id:  # no night of the line launches before the gate decided
-                hand_line_lease_to(settings, m, context["ti"], self.gate_task_id)
-            elif settings:
-                give_back_line_lease(settings, m, context["ti"])
-            return {**launcher.describe(m.topic), "consumed": True, "line_night": str(night.folder) if night else None}
-        why = lag_failure(event, m, consumer_group(m.topic), launcher.files, self.timeout_s)
+            keep_replay_store(train, m, launcher.files, StokerKafkaHook(self.kafka_config_id).client_config())
+            night = join_line(train, m, launcher.files, holdout)
+            if self.gate_task_id:  # no night of the line launches before the gate decided
+                hand_line_lease_to(train, m, context["ti"], self.gate_task_id)
+            else:
+                give_back_line_lease(train, m, context["ti"])
+            return {**launcher.describe(m.topic), "consumed": True, "line_night": str(night.folder)}
+        why = lag_failure(event, m, consumer_group(m.topic), launcher.files, train.timeout_s)
         failure = _read_failure(launcher.files.failure)
         tries, restarts = context["ti"].try_number, self.retries or 0
         if event["status"] != Status.TRAINER_FAILED or failure or tries > restarts:
-            launcher.stop(self._placement())  # failed for good: no trainer may go on training the night
-            if settings:  # the line's next night may train (a retry keeps the lease: it continues the night)
-                give_back_line_lease(settings, m, context["ti"])
+            launcher.stop(self._placement(train))  # failed for good: no trainer may go on training the night
+            # the line's next night may train (a retry keeps the lease: it continues the night)
+            give_back_line_lease(train, m, context["ti"])
         if failure:  # the trainer's own word: a relaunch cannot fix it (data deleted before it was read)
             raise AirflowFailException(f"{failure.get('message')} (trainer log: {launcher.files.log})")
         if event["status"] != Status.TRAINER_FAILED:

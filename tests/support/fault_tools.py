@@ -12,13 +12,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from trainer_tools import committed_keys
-
 from stoker import paths
 from stoker.kafka import offsets as koffsets
 from stoker.kafka import topics as ktopics
 from stoker.run import records
 from stoker.run.manifest import read_manifest
+from tests.support.trainer_tools import committed_keys
 
 
 def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, compressed: bool = False,

@@ -21,7 +21,7 @@ from stoker.kafka import clients
 from stoker_local import broker as stack
 from stoker_local.servers import free_ports
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NODES = ["kafka-1", "kafka-2", "kafka-3"]
 
 

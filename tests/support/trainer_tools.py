@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,7 +22,10 @@ from stoker.run import records
 from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 from stoker_local import broker
 
-REPO = Path(__file__).resolve().parent.parent
+if TYPE_CHECKING:
+    from stoker.config.corpus import TrainConfig
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def publish_run(config: dict, tokenizer: Path, out: Path, *, partitions: int = 4, per_partition: int = 41,
@@ -104,15 +108,42 @@ def all_keys(m: Manifest) -> list[str]:
     return sorted(records.make_key(0, i).decode() for i in range(m.sequences))
 
 
-def launch_trainer(manifest_path: Path, out: Path, kafka_config: dict, nproc: int, *extra: str) -> subprocess.Popen:
-    """``torchrun`` of training/train.py in a session of its own, logging every step's keys."""
+def write_plan(manifest_path: Path, train: TrainConfig | None = None) -> Path:
+    """The run plan beside a test's manifest, as the publish task writes it beside a refresh's: the sample
+    corpus's config under the manifest's corpus name, with ``train`` as its train settings (default: a corpus
+    file's defaults). The trainer reads its recipe and the line's settings from here, as in a refresh."""
+    import dataclasses
+
+    from stoker.config.corpus import TrainConfig, load_corpus, parse_corpus
+    from stoker.layout import RunLayout
+    from stoker.run.manifest import read_manifest
+    from stoker.run.plan import RunPlan
+
+    m = read_manifest(manifest_path)
+    data = load_corpus(REPO / "corpora" / "sample.yaml").to_dict()
+    data["name"] = m.corpus
+    data["train"] = {k: v for k, v in dataclasses.asdict(train or TrainConfig()).items() if v != ""}
+    cfg = parse_corpus(data, f"the test plan of {manifest_path}")
+    plan = RunPlan(corpus=cfg, ds=m.ds, attempt=1, params={}, corpus_path=str(REPO / "corpora" / "sample.yaml"))
+    return plan.write(RunLayout.of_manifest(manifest_path).plan)
+
+
+def launch_trainer(manifest_path: Path, out: Path, kafka_config: dict, nproc: int, *extra: str,
+                   train: TrainConfig | None = None) -> subprocess.Popen:
+    """``torchrun`` of training/train.py in a session of its own, logging every step's keys; with the run's
+    plan beside the manifest (written first when there is none, or when ``train`` is given)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "STOKER_KAFKA_CONFIG": json.dumps(kafka_config),
            **paths.torch_build_env()}
+    from stoker.layout import RunLayout
     from stoker_local.servers import free_ports
 
+    plan = RunLayout.of_manifest(manifest_path).plan
+    if train is not None or not plan.is_file():
+        write_plan(manifest_path, train)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
            str(free_ports(1)), str(REPO / "training" / "train.py"), "--manifest", str(manifest_path),
-           "--out", str(out), "--micro-batch-size", "2", "--log-keys", str(out / "keys.{rank}.jsonl"), *extra]
+           "--plan", str(plan), "--out", str(out), "--micro-batch-size", "2", "--log-keys",
+           str(out / "keys.{rank}.jsonl"), *extra]
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / f"launch-{time.time_ns()}.log", "w")  # noqa: SIM115 - the child owns it
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
@@ -192,19 +223,19 @@ def first_night(kafka_config: dict, sample_corpus: dict, tmp_path: Path, line: s
     256) as the train task trains it, and joined to the line (any earlier folder of the line removed); its folder."""
     import shutil
 
-    from stoker.layout import RunLayout
-    from stoker.lines.parents import LineSettings
-    from stoker_airflow.lines import join_line, launch_parent, trainer_args
+    from stoker.config.corpus import TrainConfig
+    from stoker.layout import LineLayout, RunLayout
+    from stoker_airflow.lines import init_args, join_line, launch_parent
     from stoker_local.sample import texts
 
-    settings = LineSettings(line=line)
-    shutil.rmtree(settings.layout.folder, ignore_errors=True)
+    settings = TrainConfig(line=line)
+    shutil.rmtree(LineLayout.of(line).folder, ignore_errors=True)
     run = RunLayout(tmp_path / "night1")
     m = publish_text_run(kafka_config, sample_corpus["tokenizer"], list(texts(sample_corpus["data"]))[:200],
                          run.run_dir, ds=ds, seq_len=256, max_sequences=60, corpus=line)
     files = run.trainer(m.topic)
     parent = launch_parent(settings, files, m)
-    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *trainer_args(settings, parent)),
+    wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *init_args(parent), train=settings),
                  files.folder)
     return str(join_line(settings, m, files).folder)
 
