@@ -1,6 +1,6 @@
 """Where a night's model comes from (``stoker.lines``): random weights in the recipe's shape, a local
 Hugging Face folder, or the parent night of its line (its HF export for the weights, its DeepSpeed
-checkpoint for the optimizer state when ``--optimizer carry``).
+checkpoint for the optimizer state when ``train.optimizer: carry``).
 
 Policies across nights (the corpus's ``train.optimizer`` and ``train.lr_schedule``):
 

@@ -48,3 +48,11 @@ def test_every_subpackage_says_what_room_it_is():
     for init in ROOT.glob("*/__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.split()) >= 5, f"{init.relative_to(ROOT.parent)}: no docstring naming its room"
+
+
+def test_the_development_pages_code_map_is_the_module_docstrings():
+    from stoker_local.codemap import BEGIN, END, render
+
+    page = (ROOT.parent / "docs" / "development.md").read_text()
+    shown = BEGIN + page.split(BEGIN, 1)[1].split(END, 1)[0] + END
+    assert shown == render(ROOT.parent), "docs/development.md's code map differs from the code: run `make docs`"
