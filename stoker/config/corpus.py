@@ -57,6 +57,8 @@ _COMPRESSIONS = ("zstd", "lz4")
 SEQ_LEN_BOUNDS = (2, 1_048_576)
 """``pack.seq_len``'s range (the DAG's param form shows the same)."""
 SPARK_PARTITIONS_BOUNDS = (1, 100_000)
+RETENTION_MIN_MS = 60_000
+"""The shortest ``topic.retention_ms`` a corpus may ask (-1 aside: for ever)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -185,7 +187,9 @@ class TopicConfig:
     compression: str = "zstd"
     """Producer compression: zstd or lz4."""
     retention_ms: int = 7 * 24 * 3600 * 1000
-    """How long the broker keeps the run's sequences (training must finish before)."""
+    """How long the broker keeps the run's sequences (training must finish before); -1 keeps them for ever,
+    as Kafka's ``retention.ms`` does. At least a minute otherwise. The train task reads the topic's live value
+    as it waits, so a retention raised on the cluster for a slow night is heard."""
 
     def settings(self) -> dict[str, str]:
         """The run topic's Kafka configs (what the Spark stage creates it with)."""
@@ -203,6 +207,9 @@ class TopicConfig:
                 self.min_insync_replicas,
                 f"must be in [1, replication_factor={self.replication_factor}]",
             )
+        if self.retention_ms != -1 and self.retention_ms < RETENTION_MIN_MS:
+            raise _fail("topic.retention_ms", self.retention_ms, f"must be -1 (keep for ever) or at least "
+                        f"{RETENTION_MIN_MS} ms: the night's records must outlive its training")
         if self.compression not in _COMPRESSIONS:
             raise _fail("topic.compression", self.compression, f"must be one of {_COMPRESSIONS}")
 

@@ -91,6 +91,20 @@ def topic_partitions(config: Mapping[str, Any], topic: str) -> int | None:
     return None if t is None or t.error is not None else len(t.partitions)
 
 
+def topic_config(config: Mapping[str, Any], topic: str, name: str) -> str | None:
+    """The live value of one of ``topic``'s configs (``retention.ms``) as the broker holds it now: a person who
+    raised it on the cluster is heard; None when the topic or the config is not there."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        found = _wait(admin(config).describe_configs([resource], request_timeout=TIMEOUT_S), "describe_configs")
+    except StokerError:
+        return None
+    entry = next(iter(found.values())).get(name)
+    return None if entry is None else str(entry.value)
+
+
 def list_topics(config: Mapping[str, Any], prefix: str = "") -> list[str]:
     return sorted(t for t in admin(config).list_topics(timeout=TIMEOUT_S).topics if t.startswith(prefix))
 

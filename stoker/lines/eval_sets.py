@@ -21,10 +21,12 @@ def baseline_model(parent: dict[str, Any]) -> Path | None:
 def eval_sets(night: Path, parent: dict[str, Any], ds: str, corpus: str, forgetting_nights: int) -> dict[str, Path]:
     """The held-out sets a night is scored on: ``night`` (its own, the folder ``night``) and, for a night that
     continued a night of its line, ``forgetting:<ds>.<corpus>`` for the latest ``forgetting_nights`` nights of
-    the parent's lineage (the parent included) that kept theirs: what this night cost the earlier data."""
+    the parent's lineage (the parent included) that kept at least one document: what this night cost the earlier
+    data."""
     import json
 
     from stoker.layout import LineLayout, NightFiles
+    from stoker.run.holdout import documents
 
     sets = {"night": night}
     if parent.get("kind") != "night":
@@ -38,6 +40,6 @@ def eval_sets(night: Path, parent: dict[str, Any], ds: str, corpus: str, forgett
         if not entry.get("ds") or (entry["ds"], entry.get("corpus", "")) == (ds, corpus):
             continue  # the init (random or HF), and an earlier publication of this very night
         held = line.night(entry["ds"], entry.get("corpus", "")).holdout
-        if held.is_dir():
+        if documents(held):  # a night that held out no document has no set: it never holds a later night
             sets[f"forgetting:{entry['ds']}.{entry.get('corpus', '')}"] = held
     return sets

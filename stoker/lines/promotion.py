@@ -15,6 +15,7 @@ from stoker.exceptions import StokerError
 from stoker.files import atomic_write_json
 from stoker.layout import CHECKPOINT_COMPLETE, FORK_FILE, LineLayout, NightFiles, complete_checkpoints
 from stoker.lines.nights import Night, joined_nights
+from stoker.run.holdout import documents
 
 
 def _link(src: str | Path, dst: str | Path) -> None:
@@ -56,7 +57,7 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
     _link_tree(export, new.model)
     if trunk is not None and fork.is_file():
         _link_tree(trunk, new.trunk)
-    if holdout is not None and holdout.is_dir():
+    if holdout is not None and documents(holdout):  # an empty set is no evaluation set of the line
         _link_tree(holdout, new.holdout)
     if replay_store is not None and replay_store.is_file():
         _link(replay_store, new.replay_store)

@@ -82,6 +82,18 @@ def read_part(path: Path) -> dict[str, Any]:
         return {k: z[k] for k in z.files}
 
 
+def documents(folder: Path) -> int:
+    """Held-out documents in ``folder``'s part files (0 for a missing folder, or one whose tasks held out none):
+    a set with no document is never linked into a line, scored or a figure of the gate."""
+    import numpy as np
+
+    count = 0
+    for path in sorted(folder.glob("part-*.npz")) if folder.is_dir() else []:
+        with np.load(path, allow_pickle=False) as z:
+            count += len(z["doc_tokens"])
+    return count
+
+
 def account(folder: Path, per_mille: int) -> dict[str, Any]:
     """The manifest's ``holdout`` entry: what the run's held-out files hold, in all and per source file."""
     per_source: dict[str, dict[str, int]] = {}

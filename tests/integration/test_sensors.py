@@ -99,3 +99,36 @@ def test_lag_sensor_follows_a_consumer_group(kafka_config, published, caplog):
     assert sensor.poke({}) is True
     done = _run(KafkaLagTrigger(topic=m.topic, group_id=group, end=m.end_offsets(), tokens_per_message=SEQ_LEN))
     assert done["status"] == "caught_up" and done["consumed_fraction"] == 1.0
+
+
+def test_the_lag_trigger_hears_a_retention_raised_on_the_cluster(kafka_config, published):
+    """The failure's advice ("raise the topic's retention.ms and clear") must work: the trigger reads the topic's
+    live retention.ms, not the manifest's alone, and -1 (keep for ever) never expires. Before, a night whose
+    manifest said 10 minutes failed at the first poll, whatever the cluster held."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    from stoker.kafka import clients
+
+    m, _path = published
+    group = f"trainer-{time.time_ns()}"
+    published_at = "2026-01-01T00:00:00+00:00"  # long ago: 10 minutes of retention is over
+    short = KafkaLagTrigger(topic=m.topic, group_id=group, end=m.end_offsets(), poll_interval=0.2,
+                            created_at=published_at, retention_ms=600_000)
+    assert ktopics.topic_config(kafka_config, m.topic, "retention.ms") == str(7 * 24 * 3600 * 1000)  # the broker's
+    resource = ConfigResource(ResourceType.TOPIC, m.topic, incremental_configs=[
+        ConfigEntry("retention.ms", "600000", incremental_operation=AlterConfigOpType.SET)])
+    for fut in clients.admin(kafka_config).incremental_alter_configs([resource]).values():
+        fut.result(timeout=30)
+    assert _run(short)["status"] == "retention_expiring"  # the cluster says 10 minutes too: it fails
+
+    resource = ConfigResource(ResourceType.TOPIC, m.topic, incremental_configs=[
+        ConfigEntry("retention.ms", "-1", incremental_operation=AlterConfigOpType.SET)])
+    for fut in clients.admin(kafka_config).incremental_alter_configs([resource]).values():
+        fut.result(timeout=30)
+    deadline = time.monotonic() + 30  # the broker applies an altered config asynchronously
+    while ktopics.topic_config(kafka_config, m.topic, "retention.ms") != "-1" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    heard = KafkaLagTrigger(topic=m.topic, group_id=group, end=m.end_offsets(), poll_interval=0.2,
+                            created_at=published_at, retention_ms=600_000, deadline=time.time() + 3)
+    assert _run(heard)["status"] == "timeout"  # waited for the trainer instead of failing on retention
+    assert heard.retention_ms == -1

@@ -35,6 +35,8 @@ def test_every_shipped_corpus_validates():
         (("pack", "seq_len"), "256", r"pack.seq_len = '256': must be of type int"),
         (("topic", "compression"), "gzip", r"topic.compression = 'gzip': must be one of"),
         (("topic", "min_insync_replicas"), 2, r"must be in \[1, replication_factor=1\]"),
+        (("topic", "retention_ms"), 5000, r"topic.retention_ms = 5000: must be -1 \(keep for ever\) or at least 60000"),
+        (("topic", "retention_ms"), -2, r"topic.retention_ms = -2: must be -1"),
         (("topic", "partitions"), 3, r"topic.partitions = 3: must be a multiple of train.world_size \(2\)"),
         (("source", "uri"), "ftp://x/y", r"scheme 'ftp' is not one of"),
         (("source", "uri"), "s3:///nights/{ds}", r"source.uri = 's3:///nights/{ds}': names no bucket"),

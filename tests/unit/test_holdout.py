@@ -11,7 +11,7 @@ import pytest
 from spark_jobs import steps
 from stoker.config.corpus import parse_corpus
 from stoker.exceptions import ConfigError
-from stoker.run.holdout import HoldoutPart, account, held_out
+from stoker.run.holdout import HoldoutPart, account, documents, held_out
 
 pytestmark = pytest.mark.unit
 
@@ -72,13 +72,19 @@ def test_forgetting_is_measured_on_the_latest_earlier_nights_of_the_lineage_that
     for entry in lineage[1:]:
         night = line.night(entry["ds"], entry["corpus"])
         night.folder.mkdir(parents=True)
-        if entry["ds"] != "2026-12-03":  # a night of an earlier Stoker: nothing held out
-            (night.holdout / "part-00000.npz").parent.mkdir()
+        part = HoldoutPart(packer=steps.Packer(seq_len=4, eos_id=0, pad_id=9))
+        if entry["ds"] != "2026-12-03":  # 12-03's tasks held out no document: its part files are empty
+            part.add("file:/a.jsonl", [5, 6], "ab")
+        part.write(night.holdout, 0, "uint16")
     # night 12-05 continued 12-04, whose lineage is every night before it
     parent = {"kind": "night", "line": "l", "path": str(line.night("2026-12-04", "a").folder)}
     line.night("2026-12-04", "a").record.write_text(json.dumps({"lineage": lineage[:-1]}))
     got = eval_sets(tmp_path / "run" / "holdout", parent, "2026-12-05", "a", 2)
-    assert list(got) == ["night", "forgetting:2026-12-04.a", "forgetting:2026-12-02.b"]  # newest first
+    # newest first; 12-03's empty set is none (it would be NaN, which the gate counts as a regression, and hold
+    # every later night for good)
+    assert list(got) == ["night", "forgetting:2026-12-04.a", "forgetting:2026-12-02.b"]
+    assert documents(line.night("2026-12-03", "a").holdout) == 0 and documents(tmp_path / "nowhere") == 0
+    assert documents(line.night("2026-12-02", "b").holdout) == 1
     assert got["night"] == tmp_path / "run" / "holdout"
     assert got["forgetting:2026-12-02.b"] == line.night("2026-12-02", "b").holdout
     # a re-run of 12-04 (its parent 12-03, whose lineage holds an earlier publication of 12-04 in a branch's
@@ -111,3 +117,17 @@ def test_the_evaluate_task_takes_the_trainers_scores_only_for_this_export_baseli
     old = files.evaluation.stat().st_mtime - 60
     os.utime(files.evaluation, (old, old))  # scores of an earlier life's export, which this life replaced
     assert trainer_scores(files, sets, Path("/l/nights/x/hf")) is None
+
+
+def test_a_diverged_nights_figures_reach_airflow_as_strict_json():
+    """A NaN bits per byte (a diverged model) holds the night; the evaluate task's return value must still be
+    strict JSON, or Airflow fails the task on every try ('Out of range float values are not JSON compliant')."""
+    import json
+
+    from stoker_airflow.operators.evaluate import xcom_safe
+
+    value = {"decision": {"decision": "held"}, "night": {"bpb": float("nan"), "delta": float("inf"), "docs": 3},
+             "lists": [1.5, float("-inf")]}
+    safe = xcom_safe(value)
+    assert json.loads(json.dumps(safe, allow_nan=False)) == {
+        "decision": {"decision": "held"}, "night": {"bpb": None, "delta": None, "docs": 3}, "lists": [1.5, None]}

@@ -105,6 +105,9 @@ def test_retention_warns_then_fails_while_the_data_is_still_there():
         == "retention_expiring"  # half an hour left: fail while the records are there
     assert retention_status(-5.0, week, lag=0) is None  # all consumed: nothing to lose
     assert retention_left("", week, at) is None and retention_left(published.isoformat(), 0, at) is None
+    # retention.ms -1 keeps the records for ever: nothing expires, however late (it failed every night before)
+    assert retention_left(published.isoformat(), -1, at + 365 * 24 * 3600) is None
+    assert retention_status(retention_left(published.isoformat(), -1, at + 3600), -1, lag=10) is None
 
 
 def test_the_lag_trigger_logs_a_changed_line_at_once_and_an_unchanged_one_once_a_minute():

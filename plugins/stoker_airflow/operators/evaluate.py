@@ -39,6 +39,21 @@ def trainer_scores(files: Any, sets: dict[str, Path], baseline: Path | None) -> 
     return result if fresh and same else None
 
 
+def xcom_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite as None: a diverged model's NaN bits per byte stays in
+    ``eval.json`` (and holds the night), but Airflow stores a task's return value as strict JSON, where a NaN
+    failed the task on every try."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: xcom_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [xcom_safe(v) for v in value]
+    return value
+
+
 class NightEvalOperator(BaseOperator):
     """Scores the night's model, and the model it continued, on held-out data; skipped (with the reason)
     when the night held nothing out (``eval.holdout_per_mille`` 0, or a drop too small for one document)."""
@@ -71,7 +86,7 @@ class NightEvalOperator(BaseOperator):
             atomic_write_json(run.evaluation, result)
         finally:  # the lease the train task handed over: the line's next night may launch
             give_back_line_lease(cfg.train, m, context["ti"])
-        return {"decision": result.get("decision"), **{name: f["all"] for name, f in result["sets"].items()}}
+        return xcom_safe({"decision": result.get("decision"), **{name: f["all"] for name, f in result["sets"].items()}})
 
     def evaluate(self, m: Any, run: Any, cfg: Any) -> dict[str, Any]:
         from stoker.lines.eval_sets import baseline_model, eval_sets

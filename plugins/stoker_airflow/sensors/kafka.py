@@ -11,6 +11,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
 from stoker.kafka.lag import LagReport, compute_lag
 from stoker.layout import RunLayout, TrainerFiles, consumer_group
 from stoker.run.manifest import Manifest, read_manifest
@@ -142,8 +143,10 @@ class KafkaLagSensor(_DeferrableKafkaSensor):
         self.log.info("group %s: %s", self._group(m), report.describe())
         rc_file = self._rc_file(m)
         status = lag_status(report.lag, self.max_lag, trainer_exit(rc_file), rc_file is not None)
-        left = retention_left(m.created_at, m.retention_ms, time.time())
-        if status is None and retention_status(left, m.retention_ms, report.lag) == Status.RETENTION_EXPIRING:
+        live = ktopics.topic_config(self._config(), m.topic, "retention.ms")  # raised on the cluster: heard
+        retention = int(live) if live is not None and live.lstrip("-").isdigit() else m.retention_ms
+        left = retention_left(m.created_at, retention, time.time())
+        if status is None and retention_status(left, retention, report.lag) == Status.RETENTION_EXPIRING:
             status = Status.RETENTION_EXPIRING
         if status is None:
             return False

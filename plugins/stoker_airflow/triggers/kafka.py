@@ -16,6 +16,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from stoker.kafka import offsets as koffsets
+from stoker.kafka import topics as ktopics
 from stoker.kafka.lag import LagReport, compute_lag
 from stoker.layout import TrainerFiles
 
@@ -118,11 +119,11 @@ def trainer_exit(rc_file: str | None) -> int | None:
 
 
 def retention_left(created_at: str, retention_ms: int, now: float) -> float | None:
-    """Seconds before the run's first records may expire unread (retention counts from publication),
-    None when the manifest does not say."""
+    """Seconds before the run's first records may expire unread (retention counts from publication), None when
+    nothing says (0) or the topic keeps its records for ever (Kafka's ``retention.ms = -1``)."""
     from datetime import datetime
 
-    if not retention_ms or not created_at:
+    if retention_ms <= 0 or not created_at:
         return None
     return datetime.fromisoformat(created_at).timestamp() + retention_ms / 1000 - now
 
@@ -154,6 +155,8 @@ def lag_status(lag: int, max_lag: int, rc: int | None, following: bool = True) -
     return None
 
 
+RETENTION_CHECK_S = 60.0
+"""How often the lag trigger asks the cluster for the topic's live ``retention.ms``."""
 PROGRESS_LOG_S = 60.0
 """The lag trigger polls every few seconds (a dead trainer is noticed at once) but logs an unchanged
 progress line at most this often: a night of hours would otherwise log thousands of identical lines."""
@@ -196,6 +199,7 @@ class KafkaLagTrigger(BaseTrigger):
         self.deadline = deadline
         self.rc_file = rc_file
         self.created_at, self.retention_ms = created_at, retention_ms
+        self._retention_checked = -RETENTION_CHECK_S
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("stoker_airflow.triggers.kafka.KafkaLagTrigger", {"rc_file": self.rc_file,
@@ -210,6 +214,19 @@ class KafkaLagTrigger(BaseTrigger):
         committed = koffsets.committed_offsets(config, self.group_id, self.topic, end)
         return compute_lag(end, committed, {int(k): v for k, v in self.start.items()},
                                   self.tokens_per_message)
+
+    def _live_retention(self, config: dict[str, Any]) -> None:
+        """The topic's ``retention.ms`` as the cluster holds it now, asked at most every ``RETENTION_CHECK_S``:
+        the failure's advice ("raise retention.ms and clear") works only if a raised value is heard. The
+        manifest's value stands while the broker cannot say."""
+        now = time.monotonic()
+        if now - self._retention_checked < RETENTION_CHECK_S:
+            return
+        self._retention_checked = now
+        value = ktopics.topic_config(config, self.topic, "retention.ms")
+        if value is not None and value.lstrip("-").isdigit() and int(value) != self.retention_ms:
+            self.log.info("%s: retention.ms is %s on the cluster now (was %d)", self.topic, value, self.retention_ms)
+            self.retention_ms = int(value)
 
     def _retention(self, lag: int) -> Status | None:
         """``retention_expiring`` to fail now; logs a warning while the margin shrinks."""
@@ -232,6 +249,7 @@ class KafkaLagTrigger(BaseTrigger):
                 return
             try:
                 report = await asyncio.to_thread(self._report, config)
+                await asyncio.to_thread(self._live_retention, config)
             except Exception as e:  # noqa: BLE001
                 if self.deadline is not None and time.time() >= self.deadline:
                     yield TriggerEvent({"status": Status.TIMEOUT.value, "error": str(e), "lag": last})
