@@ -23,6 +23,7 @@ import numpy as np
 
 from spark_jobs.punctuation import PUNCTUATION
 from stoker.config.quality import NearDedupConfig
+from stoker.exceptions import StokerError
 
 MERSENNE = np.uint64((1 << 61) - 1)
 NEAR_DUPLICATE = "near_duplicate"
@@ -143,8 +144,11 @@ def find_near_duplicates(spark, kept, ds: str, index: str | None) -> Any:
 
 
 def index_nights(spark, index: str) -> list[str]:
-    """The complete night folders of the index (``night=<ds>``, with Spark's ``_SUCCESS``: a write that died
-    midway is never read), listed through Hadoop's FileSystem (a local folder, S3A, HDFS), oldest first."""
+    """The complete folders of the index, one per night and corpus (``night=<ds>/corpus=<name>``, with Spark's
+    ``_SUCCESS``: a write that died midway is never read), listed through Hadoop's FileSystem (a local folder,
+    S3A, HDFS), oldest first. Keyed by corpus, several corpora share one index without one's night replacing
+    another's of the same date. A folder of the layout before (``night=<ds>`` holding the files itself) is
+    refused, naming the move that keeps it."""
     from spark_jobs.hadoop import configure_hadoop
 
     configure_hadoop(spark, index)
@@ -153,15 +157,23 @@ def index_nights(spark, index: str) -> list[str]:
     fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not fs.exists(root):
         return []
-    nights = [s.getPath() for s in fs.listStatus(root) if s.isDirectory()]
-    return sorted(f"{index.rstrip('/')}/{p.getName()}" for p in nights
-                  if p.getName().startswith("night=") and fs.exists(jvm.org.apache.hadoop.fs.Path(p, "_SUCCESS")))
+    found = []
+    for night in (s.getPath() for s in fs.listStatus(root) if s.isDirectory()):
+        if not night.getName().startswith("night="):
+            continue
+        if fs.exists(jvm.org.apache.hadoop.fs.Path(night, "_SUCCESS")):
+            raise StokerError(f"near-dedup index {index}: {night.getName()} holds its files itself, the layout "
+                              f"before corpora were keyed; move them to {night.getName()}/corpus=<its corpus>/")
+        found += [f"{index.rstrip('/')}/{night.getName()}/{c.getPath().getName()}" for c in fs.listStatus(night)
+                  if c.isDirectory() and c.getPath().getName().startswith("corpus=")
+                  and fs.exists(jvm.org.apache.hadoop.fs.Path(c.getPath(), "_SUCCESS"))]
+    return sorted(found)
 
 
 def _earlier_nights(spark, index: str | None, ds: str) -> Any:
     from pyspark.sql import functions as F
 
-    folders = [f for f in index_nights(spark, index) if f.rsplit("/", 1)[1] < f"night={ds}"] if index else []
+    folders = [f for f in index_nights(spark, index) if f.rsplit("/", 2)[1] < f"night={ds}"] if index else []
     if not folders:
         return None
     frame = spark.read.schema("source string, pos long, bands array<long>").parquet(*folders)
@@ -169,13 +181,14 @@ def _earlier_nights(spark, index: str | None, ds: str) -> Any:
                         "source", "pos", "bands")
 
 
-def write_index(index: Any, dropped: Any, folder: str, ds: str) -> None:
-    """The night's kept documents' band keys, as the corpus index's folder ``night=<ds>`` (replaced on a re-run)."""
+def write_index(index: Any, dropped: Any, folder: str, ds: str, corpus: str) -> None:
+    """The night's kept documents' band keys, as the index's folder ``night=<ds>/corpus=<corpus>`` (replaced on a
+    re-run of this corpus's night; another corpus's night of the date is another folder)."""
     from spark_jobs.hadoop import configure_hadoop
 
     kept = index.where("reason is null and bands is not null")
     if dropped is not None:
         kept = kept.join(dropped.select("source", "pos"), ["source", "pos"], "left_anti")
-    out = f"{folder.rstrip('/')}/night={ds}"
+    out = f"{folder.rstrip('/')}/night={ds}/corpus={corpus}"
     configure_hadoop(kept.sparkSession, folder)
     kept.select("source", "pos", "bands").coalesce(1).write.mode("overwrite").parquet(out)

@@ -284,7 +284,7 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         if cfg.quality.near_dedup.enabled:  # a re-run of this night replaces its folder and never reads it
             from spark_jobs.near_dedup import index_folder, write_index
 
-            write_index(staged.index, staged.duplicates, index_folder(cfg), ds)
+            write_index(staged.index, staged.duplicates, index_folder(cfg), ds, cfg.name)
         staged.unpersist()
     from spark_jobs.publish import verify_published
 

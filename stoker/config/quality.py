@@ -227,10 +227,10 @@ class NearDedupConfig:
     seed: int = 1
     """Seeds the hash permutations; a corpus's index holds signatures of one seed and shape only."""
     index: str = "{state}/dedup/{corpus}"
-    """Where the corpus's signatures are kept, one folder per night (``{state}``, ``{project}`` and ``{corpus}``
-    expanded): a local folder, ``s3://`` (the source's connection) or ``hdfs://``; on a Spark cluster, a store
-    every executor reaches. Corpora that name the same folder are deduplicated against each other's earlier
-    nights."""
+    """Where the corpus's signatures are kept, one folder per night and corpus (``night=<ds>/corpus=<name>``;
+    ``{state}``, ``{project}`` and ``{corpus}`` expanded): a local folder, ``s3://`` (the source's connection) or
+    ``hdfs://``; on a Spark cluster, a store every executor reaches. Corpora that name the same folder are
+    deduplicated against each other's earlier nights."""
 
     def __post_init__(self) -> None:
         if self.shingle not in ("words", "chars"):

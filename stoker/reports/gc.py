@@ -1,8 +1,9 @@
 """``stoker gc``: a retention policy for what the state folder grows by every night, dry-run first.
 
 * **Run folders** (``runs/<corpus>/<date>``: manifest, quarantine, the trainer's folder and its
-  checkpoints): the newest ``keep_runs`` dates of each corpus stay. A run whose trainer still runs
-  stays whatever its age.
+  checkpoints): the newest ``keep_runs`` dates of each corpus stay. A run that may still be at work stays
+  whatever its age: its trainer alive on this host or, by its heartbeat, on another, or its publication under
+  way (a plan and no manifest, changed within ``PUBLISHING_S``).
 * **Line nights' checkpoints** (model + optimizer state, the largest part): the ``keep_checkpoints``
   nights of each line that joined last keep theirs; an older night keeps its ``hf/`` export (the
   weights a branch starts from) and its record, and a night continued from it starts a fresh optimizer.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +55,28 @@ def freed_bytes(*paths_: Path | str) -> int:
     return sum(size for ino, (seen, size) in inside.items() if seen >= nlink[ino])
 
 
-def _live(run_dir: Path) -> bool:
-    return any(TrainerFiles(f).process.running() for f in RunLayout(run_dir).train_dir.glob("*") if f.is_dir())
+PUBLISHING_S = 6 * 3600
+"""A run with a plan and no manifest whose plan or Spark progress changed this recently may still be publishing
+(its Spark stage is at work, here or on a cluster): it stays."""
+
+
+def _live(run_dir: Path, now: float | None = None) -> str:
+    """Why the run may still be at work ("" when it is not): a trainer alive by its process record on this host
+    or its heartbeat from another (one recorded elsewhere without a heartbeat cannot be told dead from here, so it
+    stays too), or a publication under way."""
+    from stoker.process import Heartbeat
+
+    run = RunLayout(run_dir)
+    for folder in (f for f in run.train_dir.glob("*") if f.is_dir()):
+        files = TrainerFiles(folder)
+        alive = files.process.alive(Heartbeat(files.heartbeat))
+        if alive or (alive is None and files.process.path.is_file()):
+            return f"its trainer {folder.name} runs"
+    if run.plan.is_file() and not run.manifest.is_file():
+        changed = max(p.stat().st_mtime for p in (run.plan, run.spark_progress) if p.is_file())
+        if (time.time() if now is None else now) - changed < PUBLISHING_S:
+            return "it may still be publishing (a plan and no manifest yet)"
+    return ""
 
 
 def _runs(keep_runs: int, root: Path) -> list[Removal]:

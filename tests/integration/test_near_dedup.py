@@ -99,11 +99,41 @@ def test_night_two_drops_near_copies_of_night_one_and_of_itself_and_names_each_o
             assert named[places2[copy]].startswith(f"near-duplicate of night {night}, ")
             assert named[places2[copy]].endswith(f"{f} at {pos}"), named[places2[copy]]
     if store == "folder":
-        nights = sorted(p.name for p in (tmp_path / "index").iterdir())
+        nights = sorted(str(p.parent.relative_to(tmp_path / "index")) for p in (tmp_path / "index").rglob("_SUCCESS"))
     else:  # the store's own listing
         keys = [f.uri.removeprefix(index + "/") for f in request.getfixturevalue("s3_env").store().list_files(index)]
-        nights = sorted({k.split("/", 1)[0] for k in keys})
-        assert all(f"{n}/_SUCCESS" in keys for n in nights), keys
-    assert nights == [f"night={NIGHT1}", f"night={NIGHT2}"]
-    rows = spark.read.parquet(index.replace("s3://", "s3a://") + f"/night={NIGHT2}").collect()
+        nights = sorted({k.rsplit("/", 1)[0] for k in keys if k.endswith("/_SUCCESS")})
+    corpus = f"corpus={cfg.name}"
+    assert nights == [f"night={NIGHT1}/{corpus}", f"night={NIGHT2}/{corpus}"]  # each night of the corpus once
+    rows = spark.read.parquet(index.replace("s3://", "s3a://") + f"/night={NIGHT2}/{corpus}").collect()
     assert len(rows) == m2.docs_kept and Counter(len(r["bands"]) for r in rows) == {14: m2.docs_kept}
+
+
+def test_two_corpora_sharing_one_index_both_find_their_earlier_nights_near_copies(spark, kafka_config, small_cfg,
+                                                                                  tmp_path):
+    """One index for two corpora, both publishing a night of the same date: each keeps its own folder of that
+    date (before, the second corpus's night replaced the first's, whose near-copies were trained again the next
+    night), and each next night drops the near-copies of its own earlier documents and of the other corpus's."""
+    rng = random.Random(9)
+    vocab = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 8))) for _ in range(3000)]
+    first = {name: [_text(rng, vocab) for _ in range(30)] for name in ("web", "code")}
+    index = str(tmp_path / "index")
+    cfgs = {name: dataclasses.replace(small_cfg, name=name, quality=quality({"near_dedup": {
+        "enabled": True, "index": index}}), source=dataclasses.replace(
+        small_cfg.source, uri=str(tmp_path / name / "{ds}"))) for name in first}
+    hasher = minhasher_for(cfgs["web"].quality)
+    for name, texts in first.items():
+        _night(tmp_path / name / NIGHT1, texts)
+        run_job(spark, cfgs[name], ds=NIGHT1, topic=f"stoker.{name}.20261120.a1", run_dir=tmp_path / f"{name}-1",
+                kafka_config=kafka_config)
+    assert sorted(str(p.parent.relative_to(tmp_path / "index")) for p in (tmp_path / "index").rglob("_SUCCESS")) == [
+        f"night={NIGHT1}/corpus=code", f"night={NIGHT1}/corpus=web"]
+    # night 2 of web: edited copies of web's own night 1 and of code's
+    copies = {_edited(rng, t, 0.05): t for t in [*first["web"][:10], *first["code"][:10]]}
+    caught = {c: o for c, o in copies.items() if set(hasher.bands(c)) & set(hasher.bands(o))}
+    assert {o in first["web"] for o in caught.values()} == {True, False}  # the sample holds both kinds
+    _night(tmp_path / "web" / NIGHT2, [*copies, *(_text(rng, vocab) for _ in range(10))])
+    m = run_job(spark, cfgs["web"], ds=NIGHT2, topic="stoker.web.20261121.a1", run_dir=tmp_path / "web-2",
+                kafka_config=kafka_config)
+    assert m.docs_dropped == {"near_duplicate": len(caught)}
+    assert len(koffsets.read_all(kafka_config, "stoker.web.20261121.a1")) == m.sequences

@@ -70,3 +70,26 @@ def test_freed_bytes_count_a_hard_link_once_and_only_when_every_link_goes(tmp_pa
     (a / "f").write_bytes(b"x" * 1000)
     os.link(a / "f", b / "f")
     assert freed_bytes(a) == 0 and freed_bytes(a, b) == 1000
+
+
+def test_a_run_training_on_another_host_or_still_publishing_stays(home):
+    """A trainer recorded on another host is alive by its heartbeat (a pid of another host means nothing here),
+    and a run with a plan and no manifest yet may be publishing: neither goes. Before, liveness was this host's
+    pid alone, and gc removed the run folder a gpu host was training from."""
+    import socket
+    import time
+
+    from stoker.process import HEARTBEAT_STALE_S
+
+    runs = [_run("web", f"2026-12-0{d}") for d in (1, 2, 3, 4, 5)]
+    remote = runs[0].trainer("stoker.web.2026-12-01.a1")
+    remote.process.path.write_text(json.dumps({"pid": 1, "start": 1, "host": "gpu-2." + socket.gethostname()}))
+    remote.heartbeat.write_text(json.dumps({"host": "gpu-2", "pid": 1, "beat": 9, "at": time.time()}))
+    runs[1].plan.write_text("{}")  # its Spark stage is at work: no manifest yet
+    listed = [r.path for r in removals(keep_runs=2)]
+    assert listed == [str(runs[2].run_dir)]
+    remote.heartbeat.write_text(json.dumps({"host": "gpu-2", "pid": 1, "beat": 9,
+                                            "at": time.time() - 2 * HEARTBEAT_STALE_S}))  # that host is gone
+    old = time.time() - 7 * 3600
+    os.utime(runs[1].plan, (old, old))  # a publication that died hours ago
+    assert [r.path for r in removals(keep_runs=2)] == [str(r.run_dir) for r in runs[:3]]

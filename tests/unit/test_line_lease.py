@@ -11,7 +11,7 @@ import pytest
 
 from stoker.config.corpus import TrainConfig
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines.lease import LeaseHolder, lease_holder
+from stoker.lines.lease import LeaseHolder, lease_holder, take_lease
 from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 
 pytestmark = pytest.mark.unit
@@ -100,3 +100,33 @@ def test_a_holder_whose_task_is_over_is_taken_over_and_a_retry_keeps_its_own(hom
     assert lease_holder(layout).corpus == "pair_b"
     assert not give_back_lease(layout, _holder("pair_a"))  # not its to give back
     assert give_back_lease(layout, _holder("pair_b")) and lease_holder(layout) is None
+
+
+def test_an_evaluate_try_that_fails_and_will_be_retried_keeps_the_lease(home, monkeypatch):
+    """After training the lease is the evaluate task's: until the gate decides, the line's next night must not
+    train from this night. Before, the evaluate task gave it back in a ``finally``, also when its try raised and
+    Airflow would run it again; the next night took it within 20 s and continued an ungated night."""
+    from stoker_airflow.operators.evaluate import NightEvalOperator
+    from tests.support.trainer_tools import write_plan
+
+    run = RunLayout.of("pair_a", "2026-12-01")
+    m = _manifest("pair_a")
+    m.holdout = {"docs": 3, "per_mille": 20}
+    write_manifest(run.run_dir, m)
+    write_plan(run.manifest, PAIR)
+    op = NightEvalOperator(task_id="evaluate", manifest_path=str(run.manifest), retries=2)
+    monkeypatch.setattr(op, "evaluate", lambda *a: (_ for _ in ()).throw(RuntimeError("the scorer died")))
+    evaluate_ti = SimpleNamespace(dag_id="refresh_pair_a", run_id="manual__2026-12-01", task_id="training.evaluate",
+                                  try_number=1)
+    assert take_lease(LineLayout.of("pair"), LeaseHolder(
+        dag_id="refresh_pair_a", run_id="manual__2026-12-01", task_id="training.evaluate", corpus="pair_a",
+        ds="2026-12-01", topic=m.topic), holder_alive=lambda h: True) is None
+    for try_number in (1, 2):
+        evaluate_ti.try_number = try_number
+        with pytest.raises(RuntimeError, match="the scorer died"):
+            op.execute({"ti": evaluate_ti})
+        assert lease_holder(LineLayout.of("pair")).task_id == "training.evaluate"  # a retry comes: kept
+    evaluate_ti.try_number = 3  # the last: failed for good, the line's next night may train
+    with pytest.raises(RuntimeError):
+        op.execute({"ti": evaluate_ti})
+    assert lease_holder(LineLayout.of("pair")) is None

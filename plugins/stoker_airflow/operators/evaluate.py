@@ -66,7 +66,7 @@ class NightEvalOperator(BaseOperator):
         self.timeout_s = timeout_s
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowSkipException
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from stoker.layout import RunLayout
         from stoker.run.manifest import read_manifest
@@ -84,9 +84,21 @@ class NightEvalOperator(BaseOperator):
             result = self.evaluate(m, run, cfg)
             result["decision"] = self.gate(m, run, cfg, result)
             atomic_write_json(run.evaluation, result)
-        finally:  # the lease the train task handed over: the line's next night may launch
-            give_back_line_lease(cfg.train, m, context["ti"])
+        except (AirflowSkipException, AirflowFailException):
+            give_back_line_lease(cfg.train, m, context["ti"])  # never tried again: the next night may launch
+            raise
+        except Exception:
+            # a try Airflow will run again keeps the lease the train task handed over: the line's next night
+            # must not train from a night whose gate has not yet decided
+            if not self.retries_left(context):
+                give_back_line_lease(cfg.train, m, context["ti"])
+            raise
+        give_back_line_lease(cfg.train, m, context["ti"])  # decided: the line's next night may launch
         return xcom_safe({"decision": result.get("decision"), **{name: f["all"] for name, f in result["sets"].items()}})
+
+    def retries_left(self, context: Any) -> bool:
+        """Whether Airflow runs this task again after a failed try (its ``retries`` not yet spent)."""
+        return int(context["ti"].try_number) <= int(self.retries or 0)
 
     def evaluate(self, m: Any, run: Any, cfg: Any) -> dict[str, Any]:
         from stoker.lines.eval_sets import baseline_model, eval_sets
