@@ -103,11 +103,16 @@ def lm_eval_rows(lm: dict[str, Any]) -> list[tuple[str, str, int, str, str]]:
             for task, row in lm.get("tasks", {}).items() for name, m in row["metrics"].items()]
 
 
-def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[str, Any]) -> None:
-    """The decision into the night's record (what :func:`stoker.lines.nights.blessed` reads) and its model card."""
+def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
+    """The decision into the night's record (what :func:`stoker.lines.nights.blessed` reads) and its model card;
+    returns the decision in effect. A person's decision is never overwritten by the gate's (an evaluate task
+    cleared and run again): the new figures are recorded, the person's decision stands."""
     record = read_night(night)
-    if record.get("decision") and decision.get("by") != "gate":
-        decision = {**decision, "previous": record["decision"]}  # a person's decision: the earlier ones kept
+    current = record.get("decision")
+    if current and current.get("by") != "gate" and decision.get("by") == "gate":
+        decision = current
+    elif current and decision.get("by") != "gate":
+        decision = {**decision, "previous": current}  # a person's decision: the earlier ones kept
     record["decision"] = decision
     record["eval"] = {name: f["all"] for name, f in result.get("sets", {}).items()}
     if result.get("lm_eval"):
@@ -117,6 +122,7 @@ def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[st
     card = card.split("## Evaluation on held-out documents", 1)[0].rstrip("\n") + "\n\n"
     night.card.unlink(missing_ok=True)  # a new file: the card may be a hard link into the run's export
     night.card.write_text(card + eval_table(result, decision))
+    return decision
 
 
 def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str, why: str = "") -> dict[str, Any]:

@@ -39,6 +39,10 @@ class LeaseHolder:
     def same_task(self, other: LeaseHolder) -> bool:
         return (self.dag_id, self.run_id, self.task_id) == (other.dag_id, other.run_id, other.task_id)
 
+    def same_run(self, other: LeaseHolder) -> bool:
+        """Of the same DAG run: the same night (its train task, or the evaluate task it handed the lease to)."""
+        return (self.dag_id, self.run_id) == (other.dag_id, other.run_id)
+
     def describe(self) -> str:
         return f"night {self.ds} of {self.corpus} (run {self.run_id} of {self.dag_id}, since {self.since})"
 
@@ -78,12 +82,16 @@ def lease_holder(line: LineLayout) -> LeaseHolder | None:
 
 def take_lease(line: LineLayout, me: LeaseHolder, holder_alive: Any) -> LeaseHolder | None:
     """Take the line's training lease for ``me``; returns None when taken (or already held by this same
-    task: a retry, a resume), else the other holder, which still trains. ``holder_alive(holder)`` says
-    whether another holder's task can still run; one that cannot (it died without giving the lease back)
-    is taken over."""
+    task: a retry, a resume; or by another task of the same DAG run: a cleared run's train task takes back what
+    it had handed its evaluate task, which a clear left waiting behind it), else the other holder, which still
+    trains. ``holder_alive(holder)`` says whether another run's holder can still run; one that cannot (it died
+    without giving the lease back) is taken over."""
     with _Locked(line):
         cur = lease_holder(line)
-        if cur is not None and not cur.same_task(me):
+        if cur is not None and cur.same_run(me) and not cur.same_task(me):
+            log.info("line %s: %s takes back the lease its run's %s held (the run was cleared)", line.name,
+                     me.task_id, cur.task_id)
+        elif cur is not None and not cur.same_task(me):
             if holder_alive(cur):
                 return cur
             log.warning("line %s: the training lease of %s is taken over: its task is over", line.name,

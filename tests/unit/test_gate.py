@@ -3,6 +3,7 @@ line's lease handed from the train task to the task that decides."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -203,3 +204,21 @@ def test_lm_eval_figures_go_to_the_card_and_runs_show_beside_the_gates_and_do_no
         EvalConfig(holdout_per_mille=5, lm_eval_tasks=["x"], lm_eval_limit=0)
     with pytest.raises(ConfigError, match="eval.lm_eval_tasks"):
         EvalConfig(holdout_per_mille=5, lm_eval_tasks=[""])
+
+
+def test_a_persons_decision_is_never_overwritten_by_the_gate_of_a_cleared_evaluate(tmp_path):
+    """A person rolled back a night; its evaluate task was then cleared and the gate decided again ("promoted",
+    with no previous): the rolled-back night was the head once more. Now the new figures are recorded and the
+    person's decision stands."""
+    line = LineLayout(tmp_path / "l")
+    _join(line, tmp_path, "2026-12-01")
+    _gated(line, tmp_path, "2026-12-02", 2.2)  # better: promoted by the gate
+    assert head(line)["ds"] == "2026-12-02"
+    human_decision(line, "2026-12-02", "c", "roll-back", "ann")
+    assert head(line)["ds"] == "2026-12-01"
+    result = _result(night=(2.1, 2.3, 0.05))
+    kept = record_decision(line.night("2026-12-02", "c"), result, decide(result, "head", 2.0, 0.01))
+    assert (kept["decision"], kept["by"]) == ("rolled_back", "ann")
+    record = json.loads(line.night("2026-12-02", "c").record.read_text())
+    assert record["decision"]["decision"] == "rolled_back" and record["eval"]["night"]["bpb"] == 2.1
+    assert head(line)["ds"] == "2026-12-01"

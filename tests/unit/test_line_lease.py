@@ -130,3 +130,21 @@ def test_an_evaluate_try_that_fails_and_will_be_retried_keeps_the_lease(home, mo
     with pytest.raises(RuntimeError):
         op.execute({"ti": evaluate_ti})
     assert lease_holder(LineLayout.of("pair")) is None
+
+
+def test_a_cleared_runs_train_task_takes_back_the_lease_its_evaluate_task_held(home):
+    """After training the lease is the run's evaluate task's. A clear of the run sets that task back to no state,
+    which counts as alive: the re-run's train task waited for it every 20 s for ever (the evaluate task runs
+    only after it), and the whole line with it. A night of the same DAG run now takes its own lease back; another
+    run's night still waits."""
+    from stoker.lines.lease import hand_over_lease
+
+    layout = LineLayout.of("pair")
+    train = _holder("pair_a")
+    assert take_lease(layout, train, holder_alive=lambda h: True) is None
+    assert hand_over_lease(layout, train, "training.evaluate")
+    other_night = _holder("pair_b")
+    assert take_lease(layout, other_night, holder_alive=lambda h: True).task_id == "training.evaluate"
+    cleared = _holder("pair_a")  # the same run's train task, run again after the clear
+    assert take_lease(layout, cleared, holder_alive=lambda h: pytest.fail("its own run's lease")) is None
+    assert lease_holder(layout).task_id == "training.train"

@@ -171,7 +171,7 @@ class NightEvalOperator(BaseOperator):
             return None
         decision = decide(result, record.get("parent", {}).get("role", "head"), cfg.eval.gate_k,
                           cfg.eval.max_regression, cfg.eval.max_forgetting)
-        record_decision(night, result, decision)
+        decision = record_decision(night, result, decision)  # a person's earlier decision stands
         export_card = run.trainer(m.topic).export / "README.md"
         if export_card.parent.is_dir():  # the run's own export carries the card too (a new file, never a link)
             export_card.unlink(missing_ok=True)
