@@ -222,3 +222,22 @@ def test_a_persons_decision_is_never_overwritten_by_the_gate_of_a_cleared_evalua
     record = json.loads(line.night("2026-12-02", "c").record.read_text())
     assert record["decision"]["decision"] == "rolled_back" and record["eval"]["night"]["bpb"] == 2.1
     assert head(line)["ds"] == "2026-12-01"
+
+
+def test_a_person_cannot_decide_while_another_night_of_the_line_trains(home, capsys):
+    """`stoker lines decide` took no lease: promoting a held night while the next one trained turned that one into
+    a branch. While a night holds the line's lease, the command refuses, naming it, and changes nothing."""
+    from stoker_local.cli import main
+
+    line = LineLayout.of("busy")
+    _join(line, home, "2026-12-01")
+    _gated(line, home, "2026-12-02", 2.6)  # held
+    trains = LeaseHolder(dag_id="refresh_busy", run_id="r3", task_id="training.train", corpus="c",
+                         ds="2026-12-03", topic="t")
+    assert take_lease(line, trains, lambda h: True) is None
+    assert main(["lines", "decide", "busy", "2026-12-02.c", "promote"]) == 2
+    assert "line busy is busy: night 2026-12-03 of c" in capsys.readouterr().err
+    assert read_night(line.night("2026-12-02", "c"))["decision"]["decision"] == "held"  # unchanged
+    assert give_back_lease(line, trains)
+    assert main(["lines", "decide", "busy", "2026-12-02.c", "promote"]) == 0
+    assert head(line)["ds"] == "2026-12-02"
