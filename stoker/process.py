@@ -87,7 +87,8 @@ class ProcessRecord:
         if rec is None:
             return None
         if rec[2] not in (None, socket.gethostname()):
-            return heartbeat.fresh() if heartbeat is not None else None
+            lost = heartbeat.lost() if heartbeat is not None else None
+            return None if lost is None else not lost
         return self.running()
 
     def clear(self) -> None:
@@ -105,9 +106,22 @@ class ProcessRecord:
 HEARTBEAT_S = 5.0
 """How often a detached process's supervising shell writes its heartbeat."""
 HEARTBEAT_STALE_S = 1.5 * HEARTBEAT_S
-"""A heartbeat older than this is a dead process (its host lost, its whole session killed): one beat
-missed by half a period, so a watcher that looks every 2 s calls it dead within two periods of its death.
-The hosts' clocks must agree to a second or so (NTP), as they must for Kafka's and Spark's timeouts."""
+"""A heartbeat older than this is stale (its host lost, its whole session killed): one beat missed by half a
+period. A deployment whose shared folder caches file contents (NFS holds attributes 3-60 s) raises it with
+``STOKER_HEARTBEAT_STALE_S`` on the hosts that watch trainers (the triggerer, the workers). The hosts' clocks
+must agree to a second or so (NTP), as they must for Kafka's and Spark's timeouts."""
+STALE_ENV = "STOKER_HEARTBEAT_STALE_S"
+
+
+def staleness() -> float:
+    """The staleness in force: ``STOKER_HEARTBEAT_STALE_S`` where set, else :data:`HEARTBEAT_STALE_S`."""
+    value = os.environ.get(STALE_ENV)
+    return float(value) if value else HEARTBEAT_STALE_S
+
+
+_STALE_SEEN: dict[str, tuple[int, float]] = {}
+"""Per heartbeat file, this process's first stale reading of it (its beat number, when on the monotonic clock):
+a process is called lost only by a second stale reading of the same beat, a staleness later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +157,24 @@ class Heartbeat:
 
     def fresh(self, now: float | None = None, stale_after: float | None = None) -> bool | None:
         age = self.age(now)
-        return None if age is None else age <= (HEARTBEAT_STALE_S if stale_after is None else stale_after)
+        return None if age is None else age <= (staleness() if stale_after is None else stale_after)
+
+    def lost(self) -> bool | None:
+        """Whether the process behind it is gone: True only after two stale readings of the same beat a staleness
+        apart (one stale reading can be a slow shared file system, not a lost host); False while it beats;
+        None while that cannot be said yet (no heartbeat, or one stale reading so far)."""
+        data, limit = self.read(), staleness()
+        if data is None:
+            return None
+        key = str(self.path)
+        if time.time() - float(data["at"]) <= limit:
+            _STALE_SEEN.pop(key, None)
+            return False
+        beat, seen = int(data.get("beat", 0)), _STALE_SEEN.get(key)
+        if seen is None or seen[0] != beat:
+            _STALE_SEEN[key] = (beat, time.monotonic())
+            return None
+        return True if time.monotonic() - seen[1] >= min(limit, HEARTBEAT_S) else None
 
 
 STOP_HEARTBEAT = "kill $hb 2>/dev/null; wait $hb 2>/dev/null; "

@@ -55,6 +55,9 @@ def freed_bytes(*paths_: Path | str) -> int:
     return sum(size for ino, (seen, size) in inside.items() if seen >= nlink[ino])
 
 
+TRAINER_GONE_S = 3600
+"""A run whose trainer is recorded on another host stays until that trainer's heartbeat is this old: gc takes
+no chances with a slow shared folder (the train task's watch decides in seconds, from two stale readings)."""
 PUBLISHING_S = 6 * 3600
 """A run with a plan and no manifest whose plan or Spark progress changed this recently may still be publishing
 (its Spark stage is at work, here or on a cluster): it stays."""
@@ -69,9 +72,11 @@ def _live(run_dir: Path, now: float | None = None) -> str:
     run = RunLayout(run_dir)
     for folder in (f for f in run.train_dir.glob("*") if f.is_dir()):
         files = TrainerFiles(folder)
-        alive = files.process.alive(Heartbeat(files.heartbeat))
-        if alive or (alive is None and files.process.path.is_file()):
-            return f"its trainer {folder.name} runs"
+        if files.process.running():
+            return f"its trainer {folder.name} runs here"
+        age = Heartbeat(files.heartbeat).age(now)
+        if files.process.path.is_file() and (age is None or age < TRAINER_GONE_S):
+            return f"its trainer {folder.name} may run on another host (heartbeat {age or 0:.0f} s old)"
     if run.plan.is_file() and not run.manifest.is_file():
         changed = max(p.stat().st_mtime for p in (run.plan, run.spark_progress) if p.is_file())
         if (time.time() if now is None else now) - changed < PUBLISHING_S:

@@ -79,7 +79,7 @@ def test_a_run_training_on_another_host_or_still_publishing_stays(home):
     import socket
     import time
 
-    from stoker.process import HEARTBEAT_STALE_S
+    from stoker.reports.gc import TRAINER_GONE_S
 
     runs = [_run("web", f"2026-12-0{d}") for d in (1, 2, 3, 4, 5)]
     remote = runs[0].trainer("stoker.web.2026-12-01.a1")
@@ -89,7 +89,7 @@ def test_a_run_training_on_another_host_or_still_publishing_stays(home):
     listed = [r.path for r in removals(keep_runs=2)]
     assert listed == [str(runs[2].run_dir)]
     remote.heartbeat.write_text(json.dumps({"host": "gpu-2", "pid": 1, "beat": 9,
-                                            "at": time.time() - 2 * HEARTBEAT_STALE_S}))  # that host is gone
+                                            "at": time.time() - 2 * TRAINER_GONE_S}))  # that host is gone
     old = time.time() - 7 * 3600
     os.utime(runs[1].plan, (old, old))  # a publication that died hours ago
     assert [r.path for r in removals(keep_runs=2)] == [str(r.run_dir) for r in runs[:3]]

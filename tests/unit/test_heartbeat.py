@@ -36,6 +36,26 @@ def test_a_heartbeat_is_fresh_until_its_staleness_limit(tmp_path):
     assert beat.fresh(now=1000.1 + process.HEARTBEAT_STALE_S) is False
 
 
+def test_a_host_is_lost_only_after_two_stale_readings_of_the_same_beat_and_the_staleness_is_a_setting(
+        tmp_path, monkeypatch):
+    """One stale reading can be a shared folder that cached the file (NFS: 3-60 s), not a lost host: it takes two
+    readings of the same beat, a staleness apart, to call the trainer lost; a new beat in between clears the
+    first. A deployment sets the staleness with STOKER_HEARTBEAT_STALE_S."""
+    beat = Heartbeat(tmp_path / "heartbeat.json")
+    monkeypatch.setenv(process.STALE_ENV, "0.3")
+    assert process.staleness() == 0.3
+    beat.path.write_text(json.dumps({"host": "gpu-1", "pid": 7, "beat": 3, "at": time.time()}))
+    assert beat.lost() is False
+    beat.path.write_text(json.dumps({"host": "gpu-1", "pid": 7, "beat": 3, "at": time.time() - 1}))
+    assert beat.lost() is None  # the first stale reading: not yet
+    beat.path.write_text(json.dumps({"host": "gpu-1", "pid": 7, "beat": 4, "at": time.time() - 1}))
+    assert beat.lost() is None  # another beat, stale too: it beat meanwhile, the count starts again
+    time.sleep(0.35)
+    assert beat.lost() is True  # the same beat, stale a staleness later
+    monkeypatch.setenv(process.STALE_ENV, "60")  # a deployment on NFS
+    assert beat.lost() is False and beat.fresh() is True
+
+
 def _as_if_on_another_host(files: TrainerFiles) -> None:
     rec = json.loads(files.process.path.read_text())
     files.process.path.write_text(json.dumps({**rec, "host": "gpu-worker-2", "pid": 1, "start": 1}))
