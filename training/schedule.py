@@ -28,6 +28,14 @@ def fork_step(total: int, share: float) -> int:
     return max(0, total - max(1, math.ceil(share * total)))
 
 
+def fork_due(step: int, fork: int | None, forked: bool) -> bool:
+    """Whether the trainer keeps its trunk now, at optimizer step ``step``: at the fork, or past it when the night
+    has not forked yet. A relaunch at another world size recomputes the night's steps (the global batch changed),
+    so a resume can land past the new fork step; its state was trained at the peak LR of the old schedule, so it
+    is the trunk (before, no trunk was kept and the next night continued the cooled-down model)."""
+    return fork is not None and not forked and step >= fork
+
+
 def wsd_factor(step: int, *, warmup: int, fork: int, total: int, min_ratio: float) -> float:
     """The LR multiplier of optimizer step ``step`` (0-based): linear warm-up over ``warmup`` steps, 1 until
     ``fork``, then linear down to ``min_ratio`` at the night's last step."""

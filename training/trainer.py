@@ -329,8 +329,14 @@ class Trainer:
         as an HF folder, then its checkpoint, then the tag in ``fork.json`` (a kill in between forks again)."""
         import torch.distributed as dist
 
-        if self.fork_at is None or self.engine.global_steps != self.fork_at or self.files.fork.is_file():
+        from training.schedule import fork_due
+
+        if not fork_due(self.engine.global_steps, self.fork_at, self.files.fork.is_file()):
             return
+        if self.engine.global_steps > (self.fork_at or 0):
+            log.warning("wsd: resumed at optimizer step %d, past this world size's fork step %d (the night was "
+                        "relaunched at another world size): the trunk is the resumed state, trained at the peak LR",
+                        self.engine.global_steps, self.fork_at)
         export(self.engine, self.manifest, self.files, target=self.files.trunk)  # every rank (ZeRO-3)
         self.checkpoint()
         if self.rank == 0:

@@ -10,7 +10,7 @@ import pytest
 from stoker.config.corpus import TrainConfig
 from stoker.exceptions import ConfigError
 from stoker.layout import CHECKPOINT_COMPLETE, FORK_FILE, NightFiles
-from training.schedule import fork_step, lr_plan, wsd_factor
+from training.schedule import fork_due, fork_step, lr_plan, wsd_factor
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +64,15 @@ def test_pruning_keeps_the_trunk_and_the_line_joins_it(tmp_path):
     assert (done.trunk / "model.safetensors").read_bytes() == b"trunk"
     assert (done.model / "model.safetensors").read_bytes() == b"cooled"  # the released model
     assert model_folder(str(done.folder)) == done.trunk  # the next night continues the trunk
+
+
+def test_a_night_relaunched_past_its_new_fork_step_still_keeps_its_trunk():
+    """Killed at step 30 of a 60-step night (world 1, fork at 54), relaunched at world 4: the night is 15 steps
+    now, its fork at 13, and the resume is at step 30. The trunk is kept at once (the state was trained at the peak
+    LR); before, the trainer forked only at exactly the fork step, kept no trunk, and the next night continued the
+    cooled-down model."""
+    assert fork_step(60, 0.1) == 54 and fork_step(15, 0.1) == 13
+    assert fork_due(30, fork_step(15, 0.1), forked=False)  # past the new fork, not forked: now
+    assert not fork_due(30, fork_step(15, 0.1), forked=True)  # it forked before the kill: the trunk stands
+    assert not fork_due(12, 13, forked=False) and fork_due(13, 13, forked=False)
+    assert not fork_due(5, None, forked=False)  # not wsd
