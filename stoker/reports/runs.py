@@ -216,7 +216,7 @@ def _render_eval(holdout: dict[str, Any] | None, ev: dict[str, Any] | None) -> l
         a = f["all"]
         vs = (f"; was {a['baseline_bpb']:.4f}, change {a['delta']:+.4f} ± {a['delta_stderr']:.4f}"
               if "delta" in a else "")
-        out.append(f"    {name:<15}{a['bpb']:.4f} bits/byte ± {a['stderr']:.4f} ({a['docs']} docs){vs}")
+        out.append(f"    {name:<14} {a['bpb']:.4f} bits/byte ± {a['stderr']:.4f} ({a['docs']} docs){vs}")
     for task, name, docs, now, was in lm_eval_rows((ev or {}).get("lm_eval") or {}):
         out.append(f"    {task + ' ' + name:<14} {now} ({docs} docs){'; was ' + was if was != '-' else ''}")
     decision = (ev or {}).get("decision")
