@@ -71,13 +71,13 @@ class NightReviewOperator(HITLOperator):
         return cfg, read_manifest(self.manifest_path), cfg.train, result
 
     def execute(self, context: Any) -> Any:
-        cfg, m, settings, result = self._held()
+        cfg, m, train, result = self._held()
         night = f"{m.ds}.{m.corpus}"
         if cfg.eval.review != "ask":
-            self.apply(cfg.eval.review, f"the run's eval.review ({cfg.eval.review}), without asking", settings, m)
+            self.apply(cfg.eval.review, f"the run's eval.review ({cfg.eval.review}), without asking", train, m)
             return None
-        self.subject = f"Night {night} of line {settings.line} was held by the gate: promote, hold or roll back?"
-        self.body = figures_markdown(result, result["decision"], settings.line, night)
+        self.subject = f"Night {night} of line {train.line} was held by the gate: promote, hold or roll back?"
+        self.body = figures_markdown(result, result["decision"], train.line, night)
         self.response_timeout = timedelta(seconds=cfg.eval.approval_timeout_s)
         self.log.info("waiting up to %d s for a person's decision on night %s (Required actions in the UI)",
                       cfg.eval.approval_timeout_s, night)
@@ -85,13 +85,13 @@ class NightReviewOperator(HITLOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         ret = super().execute_complete(context=context, event=event)
-        cfg, m, settings, _ = self._held()
+        cfg, m, train, _ = self._held()
         choice = OPTIONS[ret["chosen_options"][0]]
-        self.apply(choice, who_answered(ret, cfg.eval.approval_timeout_s), settings, m,
+        self.apply(choice, who_answered(ret, cfg.eval.approval_timeout_s), train, m,
                    person=bool(ret.get("responded_by_user")))
         return {"decision": choice}
 
-    def apply(self, choice: str, who: str, settings: Any, m: Any, person: bool = False) -> None:
+    def apply(self, choice: str, who: str, train: Any, m: Any, person: bool = False) -> None:
         """The choice into the line; ``hold`` without a person changes nothing (the gate's hold stands)."""
         from stoker.lines.gate import human_decision
 
@@ -100,6 +100,6 @@ class NightReviewOperator(HITLOperator):
             return
         from stoker.layout import LineLayout
 
-        done = human_decision(LineLayout.of(settings.line), m.ds, m.corpus, choice, who,
+        done = human_decision(LineLayout.of(train.line), m.ds, m.corpus, choice, who,
                               f"{choice} by {who} in the review step")
-        self.log.info("night %s.%s of line %s: %s by %s", m.ds, m.corpus, settings.line, done["decision"], who)
+        self.log.info("night %s.%s of line %s: %s by %s", m.ds, m.corpus, train.line, done["decision"], who)
