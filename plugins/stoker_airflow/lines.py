@@ -1,6 +1,6 @@
 """The model line around a refresh's tasks (:mod:`stoker.lines`): before Spark runs, the night's parent
-is planned and the corpus tokenizer checked against it; at every launch of the trainer the parent,
-the role and the tokenizer are planned again and recorded in the trainer's folder (another night may
+is chosen and the corpus tokenizer checked against it; at every launch of the trainer the parent and
+the role are chosen again and the tokenizer checked again and recorded in the trainer's folder (another night may
 have joined the line between a failed try and its retry); when the train task succeeds, the night
 joins its line."""
 
@@ -30,7 +30,7 @@ def _fail(e: Exception) -> Exception:
 
 
 def check_before_publish(cfg: Any, ds: str) -> Parent:
-    """Plan the night and check that the corpus tokenizer fits the model it continues, before any data
+    """Choose the night's parent and check that the corpus tokenizer fits the model it continues, before any data
     moves. A missing tokenizer file is left to the Spark job, which says how to make it."""
     from stoker import paths
     from stoker.exceptions import StokerError
@@ -104,7 +104,7 @@ def hand_line_lease_to(train: TrainConfig, manifest: Any, ti: Any, task_id: str)
 
 
 def launch_parent(train: TrainConfig, files: TrainerFiles, manifest: Any) -> Parent:
-    """The night's parent and role planned now, at this (re)launch, and the tokenizer the night was packed
+    """The night's parent and role chosen now, at this (re)launch, and the tokenizer the night was packed
     with checked against that parent; recorded in the trainer's folder. Where the parent differs from the
     one an earlier try trained from (another night joined the line in between), that try's checkpoints
     are removed: they hold weights of the old parent, and the night restarts from the new one."""

@@ -54,7 +54,7 @@ def regressions(result: dict[str, Any], k: float, max_regression: float,
 
 def decide(result: dict[str, Any], role: str, k: float, max_regression: float,
            max_forgetting: float | None = None) -> dict[str, Any]:
-    """The gate's decision on an evaluation of a night whose planned role is ``role``."""
+    """The gate's decision on an evaluation of a night whose role (chosen at its launch) is ``role``."""
     at = datetime.now(UTC).isoformat(timespec="seconds")
     if role != Role.HEAD:
         return {"decision": Decision.BRANCH, "by": "gate", "at": at, "why": "a branch never becomes the head"}

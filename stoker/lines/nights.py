@@ -21,9 +21,9 @@ A line is a sequence of trained nights ordered by date (``stoker.layout.LineLayo
   the same date included) that does not hold it, and records it, but the head stays: the newer
   nights were trained without it (re-run them to fold it in); ``refuse`` fails its train task with
   that message.
-* **Every launch plans again.** The train task plans the parent, the role and the tokenizer check
+* **Every launch chooses again.** The train task chooses the parent and the role, and checks the tokenizer,
   at each (re)launch, not once: between a failed try and its retry another night may have joined.
-  A night whose planned parent changed restarts from the new parent (its checkpoints were trained
+  A night whose chosen parent changed restarts from the new parent (its checkpoints were trained
   from the old one).
 * **The gate.** A night held (or rolled back) after its evaluation (``stoker.lines.gate``) stays in the line's
   history but is never a parent: the head and every later night continue the last night not held.

@@ -106,7 +106,7 @@ class RunPlan:
     """The run's values of :data:`RUN_PARAMS` (defaults included)."""
     corpus_path: str
     parent: dict[str, Any] | None = None
-    """The night's model-line parent and role as planned before Spark ran (``stoker.lines.nights.Parent``);
+    """The night's model-line parent and role as chosen before Spark ran (``stoker.lines.nights.Parent``);
     the train task plans it again at each launch, since the line may move in between."""
     created: float = 0.0
 
