@@ -73,11 +73,21 @@ def start_night(api: StackApi, dag: str, ds: str, conf: dict[str, Any], say: Cal
         say(f"{dag} {ds}: already {run['state']} on the stack's scheduler (run {run['dag_run_id']}): following it")
         return str(run["dag_run_id"])
     api.call("POST", f"/dags/{dag}/dagRuns/{run['dag_run_id']}/clear", json={"dry_run": False})
+    # the run may still read as finished for a moment after the clear: following it then ends at once, and a held
+    # night's review step is never answered
+    deadline = time.monotonic() + CLEARED_WAIT_S
+    while api.call("GET", f"/dags/{dag}/dagRuns/{run['dag_run_id']}")["state"] in FINISHED:
+        if time.monotonic() > deadline:
+            raise StackError(f"{dag} {ds}: run {run['dag_run_id']} still reads as finished {CLEARED_WAIT_S:.0f} s "
+                             "after it was cleared: is the scheduler up? (`stoker status`)")
+        time.sleep(0.5)
     kept = f"; it keeps its conf {run.get('conf') or {}}, not --param" if conf else ""
     say(f"{dag} {ds}: ran before ({run['state']}), cleared to run again (run {run['dag_run_id']}){kept}")
     return str(run["dag_run_id"])
 
 
+CLEARED_WAIT_S = 60.0
+"""How long a cleared run may still read as finished before ``stoker refresh`` gives up following it."""
 ANSWER_AFTER_S = 5.0
 """A review step is answered once it has waited this long (measured: an answer 0.2 s after it parked came
 before its worker's exit was reported, and the scheduler failed the task)."""

@@ -19,6 +19,8 @@ class Api:
 
     def __init__(self, runs: list[dict[str, Any]], paused: bool = False) -> None:
         self.runs, self.paused, self.calls = runs, paused, []
+        self.stale_reads = 0
+        """Reads of a cleared run that still answer its old state (the scheduler has not queued it yet)."""
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
         self.calls.append((method, path, kw.get("json")))
@@ -26,6 +28,15 @@ class Api:
             return {"dag_runs": self.runs}
         if path.endswith("/dagRuns"):
             return {"dag_run_id": "manual__new", **kw["json"]}
+        if path.endswith("/clear"):
+            self.stale_reads = 2
+            return {}
+        if "/dagRuns/" in path and method == "GET":
+            run = next(r for r in self.runs if path.endswith(r["dag_run_id"]))
+            if self.stale_reads:
+                self.stale_reads -= 1
+                return run
+            return {**run, "state": "queued"}
         return {"is_paused": self.paused}
 
 
@@ -46,6 +57,10 @@ def test_a_running_night_is_followed_and_a_finished_one_cleared_to_run_again():
     assert start_night(api, "refresh_web", "2026-12-03", {"seq_len": 64}, said.append) == "backfill__y"
     assert ("POST", "/dags/refresh_web/dagRuns/backfill__y/clear", {"dry_run": False}) in api.calls
     assert "cleared to run again" in said[-1] and "not --param" in said[-1]  # a cleared run keeps its conf
+    # the cleared run read as failed for a moment: followed from there, `stoker refresh` ended at once and never
+    # answered the night's review step; it waits until the scheduler has queued the run
+    reads = [c for c in api.calls if c[:2] == ("GET", "/dags/refresh_web/dagRuns/backfill__y")]
+    assert len(reads) == 3 and api.stale_reads == 0
 
 
 def test_a_night_in_the_future_is_refused_before_anything_is_triggered():
