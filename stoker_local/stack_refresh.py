@@ -88,6 +88,8 @@ def start_night(api: StackApi, dag: str, ds: str, conf: dict[str, Any], say: Cal
 
 CLEARED_WAIT_S = 60.0
 """How long a cleared run may still read as finished before ``stoker refresh`` gives up following it."""
+_FIRST_SEEN: dict[tuple[str, str, int], datetime] = {}
+"""When this process first saw a review step's try waiting, by (DAG, run, try)."""
 ANSWER_AFTER_S = 5.0
 """A review step is answered once it has waited this long (measured: an answer 0.2 s after it parked came
 before its worker's exit was reported, and the scheduler failed the task)."""
@@ -99,10 +101,14 @@ def answer_review(api: StackApi, dag: str, run_id: str, choice: str, say: Callab
     from stoker.lines.gate import REVIEW_OPTIONS, REVIEW_TASK
 
     tis = api.call("GET", f"/dags/{dag}/dagRuns/{run_id}/taskInstances")["task_instances"]
-    if not any(t["task_id"] == REVIEW_TASK and t["state"] == "awaiting_input" for t in tis):
+    waiting = [t for t in tis if t["task_id"] == REVIEW_TASK and t["state"] == "awaiting_input"]
+    if not waiting:
         return False
+    # a cleared run's hitlDetails can still carry the earlier try's time: the wait counts from whichever is later,
+    # that time or when this terminal first saw this try waiting
+    seen = _FIRST_SEEN.setdefault((dag, run_id, int(waiting[0].get("try_number") or 0)), datetime.now(UTC))
     path = f"/dags/{dag}/dagRuns/{run_id}/taskInstances/{REVIEW_TASK}/-1/hitlDetails"
-    asked = datetime.fromisoformat(api.call("GET", path)["created_at"].replace("Z", "+00:00"))
+    asked = max(datetime.fromisoformat(api.call("GET", path)["created_at"].replace("Z", "+00:00")), seen)
     if (datetime.now(UTC) - asked).total_seconds() < ANSWER_AFTER_S:
         return False  # an answer right as the step parks races its worker's exit: Airflow fails the task
     label = next(k for k, v in REVIEW_OPTIONS.items() if v == choice)

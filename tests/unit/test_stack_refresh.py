@@ -73,3 +73,30 @@ def test_a_night_in_the_future_is_refused_before_anything_is_triggered():
     assert api.calls == []
     today = datetime.now(UTC).date().isoformat()  # today's night starts at 00:00, in the past: triggered
     assert start_night(api, "refresh_web", today, {}, print) == "manual__new"
+
+
+def test_a_cleared_runs_review_is_answered_only_once_this_try_has_waited(monkeypatch):
+    """After a clear, hitlDetails can still carry the earlier try's time: answering at once raced the step's
+    parking and Airflow failed the task (seen in a fresh-clone run of the stack's review test). The wait counts
+    from when the terminal first saw this try waiting too."""
+    from datetime import UTC, datetime, timedelta
+
+    from stoker_local import stack_refresh
+
+    class Review:
+        calls: list = []
+
+        def call(self, method: str, path: str, **kw: Any) -> Any:
+            self.calls.append((method, path))
+            if path.endswith("/taskInstances"):
+                return {"task_instances": [{"task_id": "training.review", "state": "awaiting_input", "try_number": 2}]}
+            if path.endswith("/hitlDetails") and method == "GET":  # the earlier try's question, an hour ago
+                return {"created_at": (datetime.now(UTC) - timedelta(hours=1)).isoformat()}
+            return {}
+
+    api, said = Review(), []
+    assert not stack_refresh.answer_review(api, "refresh_g", "manual__1", "hold", said.append)  # just seen
+    assert not [c for c in api.calls if c[0] == "PATCH"]
+    monkeypatch.setattr(stack_refresh, "ANSWER_AFTER_S", 0.0)
+    assert stack_refresh.answer_review(api, "refresh_g", "manual__1", "hold", said.append)
+    assert "answered 'Hold' (--decision hold)" in said[-1]
