@@ -74,8 +74,10 @@ def _retriable(e: StokerError) -> bool:
 
     cause = e.__cause__
     # a partition whose leadership is settling (a new topic, a failover) answers with any of these until
-    # every broker has the new leader epoch: UNKNOWN_LEADER_EPOCH was seen on a fresh 3-node cluster
-    return isinstance(cause, KafkaException) and _transient(cause.args[0], (
+    # every broker has the new leader epoch: UNKNOWN_LEADER_EPOCH was seen on a fresh 3-node cluster, and
+    # librdkafka's local _NOENT ("Failed to query partition leaders: No leaders found") when its metadata
+    # for a topic made a moment ago had no leader yet (the topic is known to exist: _list_offsets asked)
+    return isinstance(cause, KafkaException) and _transient(cause.args[0], (KafkaError._NOENT,
         KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError.REPLICA_NOT_AVAILABLE,
         KafkaError.OFFSET_NOT_AVAILABLE))

@@ -55,9 +55,10 @@ def test_each_kind_of_client_is_spelled_once():
 
 
 @pytest.mark.parametrize("code", ["UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH", "NOT_LEADER_FOR_PARTITION",
-                                  "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART"])
+                                  "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART", "_NOENT"])
 def test_list_offsets_asks_again_while_a_partitions_leadership_settles(code):
-    # a topic just made on a 3-node cluster answered list_offsets with UNKNOWN_LEADER_EPOCH and failed a publish
+    # a topic just made on a 3-node cluster answered list_offsets with UNKNOWN_LEADER_EPOCH and failed a publish;
+    # another answered with librdkafka's own _NOENT ("Failed to query partition leaders: No leaders found")
     from confluent_kafka import KafkaError, KafkaException
 
     from stoker.exceptions import StokerError
