@@ -7,11 +7,13 @@ xxh64, and ``bands x hashes_per_band`` minima of the universal hashes ``(a x + b
 two documents share a band exactly when datatrove's buckets would pair them.
 
 The index pass adds a document's band keys to its index row. :func:`find_near_duplicates` explodes them,
-adds the earlier nights' keys from the corpus's index (Parquet, a folder per night), groups by (band, key) and
+adds the earlier nights' keys from the corpus's index (Parquet, a folder per night and corpus; only nights in
+the weights of a line's head count: a night that failed, was held, rolled back or passed over holds no
+document any model was trained on), groups by (band, key) and
 joins every group's documents into clusters on the driver (union-find over the candidate edges only: a night's
 near-duplicates, not its documents). Of each cluster the earliest document stays (an earlier night's first);
 every document of this night after it is dropped, naming it. :func:`write_index` adds the night's kept
-documents to the index once its manifest is written.
+documents to the index once its publication is verified and its manifest built.
 """
 
 from __future__ import annotations
@@ -116,18 +118,29 @@ def near_duplicates(spark, cfg: Any, index: Any, dups: Any, ds: str, persisted: 
     kept = index.where(F.col("reason").isNull())
     if dups is not None:
         kept = kept.join(dups.select("source", "pos"), ["source", "pos"], "left_anti")
-    near = find_near_duplicates(spark, kept, ds, index_folder(cfg)).persist(StorageLevel.MEMORY_AND_DISK)
+    near = find_near_duplicates(spark, kept, ds, index_folder(cfg), counted_nights()).persist(
+        StorageLevel.MEMORY_AND_DISK)
     persisted.append(near)
     return near if dups is None else dups.unionByName(near)
 
 
-def find_near_duplicates(spark, kept, ds: str, index: str | None) -> Any:
+def counted_nights() -> set[tuple[str, str]]:
+    """The earlier nights whose documents count (:func:`stoker.lines.ledger.blessed_nights`, over this state's
+    lines): those in a line head's weights."""
+    from stoker import paths
+    from stoker.lines.ledger import blessed_nights
+
+    return blessed_nights(paths.state_dir() / "lines")
+
+
+def find_near_duplicates(spark, kept, ds: str, index: str | None, nights: set[tuple[str, str]] | None = None) -> Any:
     """Near-duplicate records of this night (source, pos, reason, detail, raw), as a frame; ``kept`` holds the
-    night's (source, pos, bands) after exact dedup, ``index`` the corpus's folder of earlier nights."""
+    night's (source, pos, bands) after exact dedup, ``index`` the corpus's folder of earlier nights, of which
+    only ``nights`` (ds, corpus) count (None: all)."""
     from pyspark.sql import functions as F
 
     docs = kept.select(F.lit(ds).alias("night"), "source", "pos", "bands").where(F.col("bands").isNotNull())
-    earlier = _earlier_nights(spark, index, ds)
+    earlier = _earlier_nights(spark, index, ds, nights)
     if earlier is not None:
         docs = docs.unionByName(earlier)
     doc = F.struct("night", "source", "pos")
@@ -170,10 +183,17 @@ def index_nights(spark, index: str) -> list[str]:
     return sorted(found)
 
 
-def _earlier_nights(spark, index: str | None, ds: str) -> Any:
+def _folder_night(folder: str) -> tuple[str, str]:
+    """(ds, corpus) of an index folder ``.../night=<ds>/corpus=<corpus>``."""
+    night, corpus = folder.rstrip("/").rsplit("/", 2)[1:]
+    return night.removeprefix("night="), corpus.removeprefix("corpus=")
+
+
+def _earlier_nights(spark, index: str | None, ds: str, nights: set[tuple[str, str]] | None) -> Any:
     from pyspark.sql import functions as F
 
-    folders = [f for f in index_nights(spark, index) if f.rsplit("/", 2)[1] < f"night={ds}"] if index else []
+    folders = [f for f in index_nights(spark, index) if _folder_night(f)[0] < ds
+               and (nights is None or _folder_night(f) in nights)] if index else []
     if not folders:
         return None
     frame = spark.read.schema("source string, pos long, bands array<long>").parquet(*folders)

@@ -281,11 +281,6 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
         progress.set_phase("tokenise, pack, publish")
         summaries = pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail, progress, task_config=for_tasks,
                                  holdout_dir=run.holdout if cfg.eval.holdout_per_mille else None)
-        if cfg.quality.near_dedup.enabled:  # a re-run of this night replaces its folder and never reads it
-            from spark_jobs.near_dedup import index_folder, write_index
-
-            write_index(staged.index, staged.duplicates, index_folder(cfg), ds, cfg.name)
-        staged.unpersist()
     from spark_jobs.publish import verify_published
 
     t1 = time.monotonic()
@@ -298,6 +293,11 @@ def run_job(spark, cfg: CorpusConfig, *, ds: str, topic: str, run_dir: Path, kaf
     published, held = sum(s.docs for s in summaries), manifest.holdout.get("docs", 0)
     if published + held != manifest.docs_kept:
         raise RuntimeError(f"published {published} docs and held out {held} but kept {manifest.docs_kept}")
+    if cfg.quality.near_dedup.enabled:  # only a verified night with its manifest is an earlier night of the index
+        from spark_jobs.near_dedup import index_folder, write_index
+
+        write_index(staged.index, staged.duplicates, index_folder(cfg), ds, cfg.name)  # a re-run replaces it
+    staged.unpersist()
     write_manifest(run.run_dir, manifest)  # the commit point
     return manifest
 

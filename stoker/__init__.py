@@ -45,7 +45,8 @@ stoker.stores: where a drop lives
     stoker.stores.connectors    the S3A jars ``make setup`` resolves from Maven Central
 
 stoker.lines: model lines
-    stoker.lines.nights         a line's nights, its head and its rules
+    stoker.lines.nights         a line's nights, their records and their rules
+    stoker.lines.ledger         the one writer of a line's records: states, head, invariants
     stoker.lines.parents        what a night starts from, and whether its tokenizer fits
     stoker.lines.promotion      a finished night recorded in its line, and its model card
     stoker.lines.lease          one night of a line trains at a time

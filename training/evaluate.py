@@ -147,8 +147,8 @@ def evaluate(model_dir: str, sets: dict[str, Path], baseline_dir: str | None = N
 def evaluate_night(manifest_path: str | Path, plan_path: str | Path, folder: str | Path) -> dict[str, Any] | None:
     """In the trainer's process, right after its export (rank 0): the night's sets (stoker.lines.eval_sets.eval_sets)
     scored by the exported model and by the model it continued, into the trainer's ``eval.json``; the evaluate
-    task takes them instead of starting a process that imports torch again. None when the night held nothing
-    out."""
+    task takes them instead of starting a process that imports torch again. None when the night has no set with
+    a document (``eval.ungated`` decides it)."""
     from stoker.files import atomic_write_json
     from stoker.layout import RunLayout, TrainerFiles
     from stoker.lines.eval_sets import baseline_model, eval_sets
@@ -157,12 +157,14 @@ def evaluate_night(manifest_path: str | Path, plan_path: str | Path, folder: str
 
     m, run, files = read_manifest(manifest_path), RunLayout.of_manifest(manifest_path), TrainerFiles(Path(folder))
     count = read_plan(plan_path).corpus.eval.forgetting_nights
-    if not m.holdout.get("docs") or not files.parent.is_file():
+    if not files.parent.is_file():
         return None
     parent = json.loads(files.parent.read_text())
+    sets = eval_sets(run.holdout, parent, m.ds, m.corpus, count)
+    if not sets:
+        return None
     baseline = baseline_model(parent)
-    result = evaluate(str(files.export), eval_sets(run.holdout, parent, m.ds, m.corpus, count),
-                      str(baseline) if baseline else None)
+    result = evaluate(str(files.export), sets, str(baseline) if baseline else None)
     atomic_write_json(files.evaluation, result)
     return result
 

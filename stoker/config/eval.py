@@ -23,6 +23,15 @@ class Review(StrEnum):
     ROLL_BACK = "roll-back"
 
 
+class Ungated(StrEnum):
+    """``eval.ungated``: what a night with no held-out document to score becomes (no set of its own, no earlier
+    night's): ``promote`` it (the line moves on ungated, and its record says so) or ``hold`` it for a person
+    (the review step asks, as for a night the gate held)."""
+
+    PROMOTE = "promote"
+    HOLD = "hold"
+
+
 REVIEWS = tuple(r.value for r in Review)
 """``eval.review``'s words, in the order the trigger form offers them."""
 APPROVAL_TIMEOUT_MAX_S = 30 * 86400
@@ -32,7 +41,11 @@ APPROVAL_TIMEOUT_MAX_S = 30 * 86400
 class EvalConfig:
     holdout_per_mille: int = 0
     """Documents per thousand held out of training (chosen by the digest of their text) and kept with the
-    night as its evaluation set; 0 holds none out (no evaluation, no gate). At most 100."""
+    night as its evaluation set; 0 holds none out (no evaluation: ``ungated`` decides). At most 100."""
+    ungated: Ungated = Ungated.PROMOTE
+    """A night with no held-out document to score it on (``holdout_per_mille`` 0, a night too small to hold one
+    out, and no earlier night's set): ``promote`` (recorded as the rule's decision) or ``hold`` it for a person
+    (``review``). A night is never the head without a decision."""
     max_regression: float = 0.01
     """The gate: a night that continues the line's head becomes the head only if no figure (bits per byte on
     its held-out documents, and on each earlier night's) is worse than the head's by more than
@@ -77,6 +90,7 @@ class EvalConfig:
         if not 0 <= self.forgetting_nights <= 50:
             raise _fail("eval.forgetting_nights", self.forgetting_nights, "must be in [0, 50] nights")
         self.review = member("eval.review", self.review, Review)
+        self.ungated = member("eval.ungated", self.ungated, Ungated)
         if not 1 <= self.approval_timeout_s <= APPROVAL_TIMEOUT_MAX_S:
             raise _fail("eval.approval_timeout_s", self.approval_timeout_s,
                         f"must be in [1, {APPROVAL_TIMEOUT_MAX_S}] seconds (30 days)")

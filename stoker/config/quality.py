@@ -210,11 +210,13 @@ class PIIConfig:
 @dataclass(kw_only=True, slots=True)
 class NearDedupConfig:
     enabled: bool = False
-    """MinHash-LSH near-dedup of the night's kept documents against each other and against every earlier night
-    of the corpus (its index). A document whose signature shares a whole band with an earlier one (an earlier
-    night's first, else this night's first by file and position) is dropped as ``near_duplicate``, its detail
-    naming that document's night, file and position. The defaults are datatrove's (FineWeb's): word 5-grams,
-    14 bands of 8 hashes, a similarity of about 0.72 caught with high probability."""
+    """MinHash-LSH near-dedup of the night's kept documents against each other and against the earlier nights
+    of the corpus (its index) that are in the weights of a line's head (a night that failed, was held, rolled
+    back or passed over holds nothing a model learnt). A document whose signature shares a whole band with an
+    earlier one (an earlier night's first, else this night's first by file and position) is dropped as
+    ``near_duplicate``, its detail naming that document's night, file and position. The defaults are
+    datatrove's (FineWeb's): word 5-grams, 14 bands of 8 hashes, a similarity of about 0.72 caught with high
+    probability."""
     shingle: str = "words"
     """``words``: n-grams of datatrove's simplified text's words (lower case, no punctuation, digits as 0, no
     accents); ``chars``: n-grams of its characters (NeMo Curator's shape: ``n_grams: 24``, 20 x 13)."""

@@ -19,27 +19,30 @@ def baseline_model(parent: dict[str, Any]) -> Path | None:
 
 
 def eval_sets(night: Path, parent: dict[str, Any], ds: str, corpus: str, forgetting_nights: int) -> dict[str, Path]:
-    """The held-out sets a night is scored on: ``night`` (its own, the folder ``night``) and, for a night that
-    continued a night of its line, ``forgetting:<ds>.<corpus>`` for the latest ``forgetting_nights`` nights of
-    the parent's lineage (the parent included) that kept at least one document: what this night cost the earlier
-    data."""
+    """The held-out sets a night is scored on: ``night`` (its own, the folder ``night``, when it holds a document)
+    and, for a night that continued a night of its line, ``forgetting:<ds>.<corpus>`` for the latest
+    ``forgetting_nights`` nights of the parent's lineage (the parent included) that kept at least one document:
+    what this night cost the earlier data. A set with no document is never a figure; no set at all leaves the
+    night to ``eval.ungated``."""
     import json
 
     from stoker.layout import LineLayout, NightFiles
     from stoker.run.holdout import documents
 
-    sets = {"night": night}
+    sets = {"night": night} if documents(night) else {}
     if parent.get("kind") != "night":
         return sets
     record = NightFiles(Path(parent["path"])).record
     lineage = json.loads(record.read_text()).get("lineage", []) if record.is_file() else []
     line = LineLayout.of(parent["line"])
+    earlier = 0
     for entry in reversed(lineage):
-        if len(sets) > forgetting_nights:
+        if earlier >= forgetting_nights:
             break
         if not entry.get("ds") or (entry["ds"], entry.get("corpus", "")) == (ds, corpus):
             continue  # the init (random or HF), and an earlier publication of this very night
         held = line.night(entry["ds"], entry.get("corpus", "")).holdout
         if documents(held):  # a night that held out no document has no set: it never holds a later night
             sets[f"forgetting:{entry['ds']}.{entry.get('corpus', '')}"] = held
+            earlier += 1
     return sets

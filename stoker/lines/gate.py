@@ -6,7 +6,7 @@ held-out documents: the night's own and each earlier night's (training/evaluate.
 *regresses* when its change exceeds ``max(eval.gate_k x stderr, floor)``, or is not a number (a diverged
 model); the floor is ``eval.max_regression`` on the night's own set, ``eval.max_forgetting`` on earlier nights'.
 No regression: ``promoted``. Otherwise ``held``: the night stays in the line's history with its figures and is
-never continued (:func:`stoker.lines.nights.blessed`); the next night continues the head.
+never continued (:func:`stoker.lines.ledger.blessed`); the next night continues the head.
 
 A night with nothing to compare against (the line's first night from random weights) is promoted; a branch
 (a night the head could not take) is never the head and is not gated.
@@ -18,11 +18,11 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from stoker.config.eval import Review
+from stoker.config.eval import Review, Ungated
 from stoker.exceptions import StokerError
-from stoker.files import atomic_write_json
-from stoker.layout import LineLayout, NightFiles
-from stoker.lines.nights import Decision, Role, blessed, head, joined_nights, read_night, same_night
+from stoker.layout import LineLayout
+from stoker.lines import ledger
+from stoker.lines.nights import Decision, Role, read_night, same_night
 
 CHOICES = {Review.PROMOTE: Decision.PROMOTED, Review.HOLD: Decision.HELD, Review.ROLL_BACK: Decision.ROLLED_BACK}
 """What a person may decide on a gated night (`stoker lines decide`, `stoker refresh --decision`)."""
@@ -103,21 +103,12 @@ def lm_eval_rows(lm: dict[str, Any]) -> list[tuple[str, str, int, str, str]]:
             for task, row in lm.get("tasks", {}).items() for name, m in row["metrics"].items()]
 
 
-def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[str, Any]) -> dict[str, Any]:
-    """The decision into the night's record (what :func:`stoker.lines.nights.blessed` reads) and its model card;
-    returns the decision in effect. A person's decision is never overwritten by the gate's (an evaluate task
-    cleared and run again): the new figures are recorded, the person's decision stands."""
-    record = read_night(night)
-    current = record.get("decision")
-    if current and current.get("by") != "gate" and decision.get("by") == "gate":
-        decision = current
-    elif current and decision.get("by") != "gate":
-        decision = {**decision, "previous": current}  # a person's decision: the earlier ones kept
-    record["decision"] = decision
-    record["eval"] = {name: f["all"] for name, f in result.get("sets", {}).items()}
-    if result.get("lm_eval"):
-        record["lm_eval"] = result["lm_eval"]
-    atomic_write_json(night.record, record)
+def record_decision(line: LineLayout, ds: str, corpus: str, result: dict[str, Any],
+                    decision: dict[str, Any]) -> dict[str, Any]:
+    """The decision into the night's record through the line's ledger (``stoker.lines.ledger.decide``: a person's
+    decision is never overwritten by the gate's) and into its model card; returns the decision in effect."""
+    decision = ledger.decide(line, ds, corpus, decision, result)
+    night = line.night(ds, corpus)
     card = night.card.read_text() if night.card.is_file() else ""
     card = card.split("## Evaluation on held-out documents", 1)[0].rstrip("\n") + "\n\n"
     night.card.unlink(missing_ok=True)  # a new file: the card may be a hard link into the run's export
@@ -125,34 +116,42 @@ def record_decision(night: NightFiles, result: dict[str, Any], decision: dict[st
     return decision
 
 
+def ungated(rule: str, why: str) -> dict[str, Any]:
+    """The decision on a night with no held-out document to score (``eval.ungated``: ``promote`` or ``hold``),
+    recorded as the rule's, with why."""
+    return {"decision": Decision.PROMOTED if rule == Ungated.PROMOTE else Decision.HELD, "by": "rule",
+            "at": datetime.now(UTC).isoformat(timespec="seconds"), "rule": f"eval.ungated: {rule}",
+            "why": f"{why}; eval.ungated: {rule}"}
+
+
 def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str, why: str = "") -> dict[str, Any]:
-    """A person's decision on a gated night of ``line``: ``promote`` a held night (it becomes the head: no night
-    may have continued the line since), ``hold`` it (confirm the gate), ``roll-back`` a held night or the
-    promoted head (the head returns to the blessed night before it). Recorded with who and when, the gate's
-    decision kept as ``previous``; the model card's table says it. Refused, with why, otherwise."""
+    """A person's decision on a night of ``line``, pending or gated: ``promote`` it (it becomes the head: no night
+    may have continued the line since, and it holds no rolled-back night), ``hold`` it (confirm the gate, or keep
+    a pending night from the line), ``roll-back`` a held or pending night or the promoted head (the head returns
+    to the promoted night before it). Recorded with who and when, the earlier decision kept as ``previous``; the
+    model card's table says it. Refused, with why, otherwise (a branch, a night passed over)."""
     if choice not in CHOICES:
         raise StokerError(f"decision {choice!r}: choose one of {', '.join(CHOICES)}")
     night = line.night(ds, corpus)
     if not night.record.is_file():
         raise StokerError(f"line {line.name} has no night {ds}.{corpus}: `stoker lines show {line.name}` lists them")
     record = read_night(night)
-    now = (record.get("decision") or {}).get("decision")
-    if now is None or now == Decision.BRANCH:
-        raise StokerError(f"night {ds}.{corpus} of line {line.name} was not gated ({now or 'no evaluation'}): only "
-                          "a night that continued the head (and kept held-out data) has a decision to change")
-    later = [r for r, _ in joined_nights(line) if r.get("seq", 0) > record.get("seq", 0)
-             and r.get("parent", {}).get("role", "head") == "head" and blessed(r)]
-    if choice == Review.PROMOTE and later:
-        raise StokerError(f"night {ds}.{corpus} cannot become line {line.name}'s head: night {later[-1]['ds']}."
-                          f"{later[-1].get('corpus')} continued the line after it; train a new night instead")
-    if choice == Review.ROLL_BACK and now == Decision.PROMOTED and not same_night(head(line), record):
+    now = ledger.state(record)
+    if now in (Decision.BRANCH, Decision.PASSED_OVER):
+        raise StokerError(f"night {ds}.{corpus} of line {line.name} is {now}: "
+                          + ("a branch never becomes the head" if now == Decision.BRANCH else
+                             "a later night continued the line before it was decided; its data is in no model of "
+                             "the head (re-run the night to train it again)"))
+    if choice == Review.ROLL_BACK and now == Decision.PROMOTED and not same_night(ledger.head(line), record):
         raise StokerError(f"night {ds}.{corpus} is not line {line.name}'s head (a later night continued it): roll "
                           "back the head first")
-    if choice == Review.HOLD and now != Decision.HELD:
+    if choice == Review.HOLD and now not in (Decision.HELD, ledger.PENDING):
         raise StokerError(f"night {ds}.{corpus} is {now}, not held: `roll-back` takes a promoted head back")
     decision = {"decision": CHOICES[Review(choice)], "by": who, "at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "why": why or f"{choice} by {who}"}
     result = {"sets": {name: {"all": figures} for name, figures in record.get("eval", {}).items()},
               "lm_eval": record.get("lm_eval")}
-    record_decision(night, result, decision)
-    return read_night(night)["decision"]
+    try:
+        return record_decision(line, ds, corpus, result, decision)
+    except ledger.LedgerError as e:
+        raise StokerError(f"{choice} refused: {e}") from None

@@ -5,10 +5,12 @@ A line is a sequence of trained nights ordered by date (``stoker.layout.LineLayo
 * **Nights.** A night is one corpus's publication for one date: several corpora may feed one line,
   and each keeps its own night per date (``nights/<ds>.<corpus>``); no corpus's night replaces
   another's. A re-run of a night (a new publication of the same date and corpus) replaces it.
-* **Head.** The night that joined last as the line's continuation. A night joins only when its
-  train task succeeded (every sequence consumed, the trainer exited cleanly): a failed or
-  half-finished night never does. Joins are numbered (``seq``), so the head is well defined when
-  two corpora's nights share a date.
+* **Head.** The night that joined last as the line's continuation and was promoted. A night joins only
+  when its train task succeeded (every sequence consumed, the trainer exited cleanly): a failed or
+  half-finished night never does; it joins *pending* and is neither head nor parent until the gate, the
+  corpus's rule or a person decides it (:mod:`stoker.lines.ledger`, the one writer of the records, holds
+  the states). Joins are numbered (``seq``), so the head is well defined when two corpora's nights share
+  a date.
 * **Parent.** A night continues the head when the head is not newer than it (same date: another
   corpus's night of that date, whichever trained first) and does not already hold an earlier
   publication of this very night (a re-run never trains its data twice into one model). The line's
@@ -26,7 +28,7 @@ A line is a sequence of trained nights ordered by date (``stoker.layout.LineLayo
   A night whose chosen parent changed restarts from the new parent (its checkpoints were trained
   from the old one).
 * **The gate.** A night held (or rolled back) after its evaluation (``stoker.lines.gate``) stays in the line's
-  history but is never a parent: the head and every later night continue the last night not held.
+  history but is never a parent: the head and every later night continue the last promoted night.
 * **Agreement.** The corpus tokenizer must be the one the parent was trained with (sha256), or,
   for a Hugging Face start, fit the model (vocabulary, EOS and PAD ids): checked before Spark runs.
 
@@ -74,6 +76,8 @@ class Decision(StrEnum):
     ROLLED_BACK = "rolled_back"
     BRANCH = "branch"
     """Not gated: a branch never becomes the head."""
+    PASSED_OVER = "passed_over"
+    """Undecided when a later night continued the line past it: final, never the head (stoker.lines.ledger)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -124,18 +128,6 @@ def joined_nights(line: LineLayout) -> list[tuple[dict[str, Any], NightFiles]]:
 def same_night(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     """Whether two night records are the same join of the same night (date, corpus, join number)."""
     return a is not None and b is not None and all(a.get(k) == b.get(k) for k in ("ds", "corpus", "seq"))
-
-
-def blessed(record: dict[str, Any]) -> bool:
-    """Whether a night may be continued: not held or rolled back by the gate (stoker.lines.gate)."""
-    return (record.get("decision") or {}).get("decision") not in (Decision.HELD, Decision.ROLLED_BACK)
-
-
-def head(line: LineLayout) -> dict[str, Any] | None:
-    """The record of the night that joined last as the line's continuation (and was not held), None before
-    the first."""
-    heads = [r for r, _ in joined_nights(line) if r.get("parent", {}).get("role", "head") == "head" and blessed(r)]
-    return heads[-1] if heads else None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -12,7 +12,8 @@ from stoker import paths
 from stoker.exceptions import ConfigError, StokerError
 from stoker.files import sha256_file
 from stoker.layout import LineLayout, NightFiles
-from stoker.lines.nights import Kind, Parent, Role, _order, blessed, joined_nights, read_night
+from stoker.lines.ledger import blessed
+from stoker.lines.nights import Kind, Parent, Role, _order, joined_nights, read_night
 from stoker.run.tokenizer import TokenizerFacts
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from stoker.exceptions import StokerError
-from stoker.files import atomic_write_json
 from stoker.layout import CHECKPOINT_COMPLETE, FORK_FILE, LineLayout, NightFiles, complete_checkpoints
-from stoker.lines.nights import Night, joined_nights
+from stoker.lines import ledger
+from stoker.lines.nights import Night
 from stoker.run.holdout import documents
 
 
@@ -35,6 +34,7 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
     """Record a finished night in its line: its final complete checkpoint, its HF export with a model
     card, its held-out documents, its record last, in a new folder of the line's store; then the night's
     link is swapped to it in one rename, so a reader (or a crash) sees the old night or the whole new one.
+    The night joins pending (:mod:`stoker.lines.ledger`): its gate, rule or a person decides it.
     ``wsd``: the checkpoint is the state before the cooldown (``FORK_FILE``) and ``trunk`` its weights, which
     the next night continues; the export is the cooled-down model.
     Store folders that no link names (a replaced night, a crash's leftovers) are removed."""
@@ -48,7 +48,7 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
         if not (checkpoints / complete[0] / CHECKPOINT_COMPLETE).is_file():
             raise StokerError(f"{fork}: names checkpoint {complete[0]}, which is not complete")
     final = line.night(night.ds, night.corpus)
-    night.seq = max((int(r.get("seq", 0)) for r, _ in joined_nights(line)), default=0) + 1
+    ledger.admit(line, night)  # its join number; a head continues a promoted night
     new = NightFiles(line.store / f"{final.folder.name}.{night.seq}.{os.getpid()}")
     shutil.rmtree(new.folder, ignore_errors=True)
     new.checkpoint.mkdir(parents=True)
@@ -63,7 +63,7 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
         _link(replay_store, new.replay_store)
     new.card.unlink(missing_ok=True)
     new.card.write_text(model_card(night))
-    atomic_write_json(new.record, asdict(night))
+    ledger.write_new(new.record, ledger.new_record(night))
     if final.folder.is_dir() and not final.folder.is_symlink():  # a night of an earlier Stoker: into the store
         final.folder.rename(line.store / f"{final.folder.name}.legacy")
     link = final.folder.with_name(f".{final.folder.name}.link{os.getpid()}")
@@ -71,6 +71,7 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
     link.symlink_to(Path(".store") / new.folder.name)
     os.replace(link, final.folder)
     _clean_store(line)
+    ledger.joined(line, night)  # pending nights it continued past are passed over
     return final
 
 

@@ -87,7 +87,8 @@ def render_runs(rows: list[dict[str, Any]]) -> str:
 
 def line_nights(line: str) -> list[dict[str, Any]]:
     """The nights of a model line in join order, each with its parent, role, steps and losses."""
-    from stoker.lines.nights import head, joined_nights, same_night
+    from stoker.lines.ledger import decision_of, head, state
+    from stoker.lines.nights import joined_nights, same_night
 
     layout = LineLayout.of(line)
     top = head(layout)
@@ -99,8 +100,8 @@ def line_nights(line: str) -> list[dict[str, Any]]:
         rows.append({"night": night.folder.name, "seq": rec.get("seq"), "role": p.get("role", "head"),
                      "parent": parent, "topic": rec.get("topic"), "steps": rec.get("steps"),
                      "first_loss": rec.get("first_loss"), "last_loss": rec.get("last_loss"),
-                     "head": same_night(rec, top), "decision": (rec.get("decision") or {}).get("decision"),
-                     "decided_by": (rec.get("decision") or {}).get("by"),
+                     "head": same_night(rec, top), "decision": state(rec),
+                     "decided_by": (decision_of(rec) or {}).get("by"),
                      "bpb": (rec.get("eval") or {}).get("night", {}).get("bpb"),
                      "folder": str(night.folder)})
     return rows
@@ -118,7 +119,9 @@ def render_line(line: str, rows: list[dict[str, Any]]) -> str:
         loss = (f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}" if r["first_loss"] is not None
                 and r["last_loss"] is not None else "-")
         mark = "*" if r["head"] else " "
-        decision = (r.get("decision") or "-") + ("" if (r.get("decided_by") or "gate") == "gate" else " (by hand)")
+        by = r.get("decided_by") or "gate"
+        decision = (r.get("decision") or "-") + ("" if by in ("gate", "ledger", "an earlier Stoker") else
+                                                 " (rule)" if by == "rule" else " (by hand)")
         bpb = f"{r['bpb']:.4f}" if isinstance(r.get("bpb"), float | int) else "-"
         out.append(f"{mark} {r['night']:<26}{r['role']:<8}{str(r['steps'] or '-'):>7}{loss:>17}  {decision:<20}"
                    f"{bpb:>10} {_bar(r.get('bpb'), scores)} {r['parent']}")

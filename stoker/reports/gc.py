@@ -107,7 +107,8 @@ def _protected(rec: dict[str, Any], night: NightFiles, head: dict[str, Any] | No
 
 
 def _nights(line: LineLayout, keep_checkpoints: int, keep_nights: int | None) -> list[Removal]:
-    from stoker.lines.nights import head, joined_nights
+    from stoker.lines.ledger import head
+    from stoker.lines.nights import joined_nights
 
     nights = joined_nights(line)
     top, last_seq = head(line), max((int(r.get("seq", 0)) for r, _ in nights), default=0)

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 COLORS = {"promoted": "#2e7d32", "held": "#ef6c00", "rolled_back": "#c62828"}
-"""A decision's colour; any other (a branch, no decision) is grey."""
+"""A decision's colour; any other (a branch, pending, passed over) is grey."""
 
 
 def _figure(row: dict[str, Any]) -> float | None:
@@ -36,7 +36,7 @@ def line_svg(line: str, rows: list[dict[str, Any]], width: int = 720, height: in
            "font-family='system-ui,sans-serif'>",
            f"<line x1='{left}' y1='{height - bottom}' x2='{width - right}' y2='{height - bottom}' stroke='#999'/>",
            f"<text x='4' y='{top + 4}'>{hi:.3f}</text><text x='4' y='{height - bottom}'>{lo:.3f}</text>"]
-    blessed = [xy(i, v) for i, r, v in points if r.get("decision") in (None, "promoted")]
+    blessed = [xy(i, v) for i, r, v in points if r.get("decision") == "promoted"]
     if len(blessed) > 1:
         out.append("<polyline fill='none' stroke='#2e7d32' stroke-width='1.5' points='"
                    + " ".join(f"{x},{y}" for x, y in blessed) + "'/>")

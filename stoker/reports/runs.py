@@ -13,6 +13,7 @@ from stoker.files import atomic_write_json
 from stoker.layout import LineLayout, RunLayout
 from stoker.layout import all_runs as _all_run_layouts
 from stoker.lines.gate import lm_eval_rows
+from stoker.lines.ledger import state as ledger_state
 from stoker.run.manifest import read_manifest
 from stoker.run.reasons import by_step, drop_rate_alarm
 
@@ -155,7 +156,7 @@ def _line(files: Any, m: Any) -> dict[str, Any] | None:
     joined = record.get("topic") == m.topic
     return {"line": parent["line"], "parent": parent, "joined": joined,
             "card": str(night.card) if joined else None,
-            "decision": (record.get("decision") or {}).get("decision") if joined else None}
+            "decision": ledger_state(record) if joined else None}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -234,6 +235,11 @@ def _render_line(line: dict[str, Any] | None) -> list[str]:
     role = "" if p.get("role", "head") == "head" else " (a branch: the head does not take it)"
     if line.get("decision") in ("held", "rolled_back"):
         role = f" ({line['decision']}: in its history, not its head; the next night continues the head)"
+    elif line.get("decision") == "pending":
+        role = " (pending: not the head until decided; `stoker lines decide` decides it)"
+    elif line.get("decision") == "passed_over":
+        role = (" (passed over: undecided when a later night continued the line; its data is in no model of the "
+                "head)")
     state = f"joined{role}; model card {line['card']}" if line["joined"] else "not joined (training did not finish)"
     return [f"  model line       {line['line']}: continued {start}; {state}"]
 

@@ -354,6 +354,48 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
     assert list(events.iterdir()) and not _files_holding(password, [events])  # the job's event log
 
 
+DAG_TEST_NIGHT = """
+import json, sys
+from datetime import datetime, timezone
+import dags.refresh_dags as m
+run = m.refresh_sample.test(logical_date=datetime.fromisoformat(sys.argv[1]).replace(tzinfo=timezone.utc),
+                            run_conf={"source_uri": sys.argv[2], "review": "hold"})
+print("STATE=" + json.dumps(str(run.state)))
+"""
+
+
+def test_nights_with_no_held_out_document_are_decided_by_the_rule_and_the_next_continues_them(
+        kafka_config, sample_corpus, airflow_db, tmp_path):
+    """``holdout_per_mille: 0`` (the default): the evaluate task was skipped, the night joined with no decision and
+    was the head for good, ungated. Now ``eval.ungated`` (promote) decides it, its record says the rule did, and
+    the next night continues it."""
+    from stoker.layout import LineLayout
+    from stoker.lines import ledger
+    from stoker.lines.nights import read_night
+    from stoker_local import sample
+
+    line = f"ungated{os.getpid()}"
+    corpora = tmp_path / "corpora"
+    corpora.mkdir()
+    (corpora / "sample.yaml").write_text((REPO / "corpora" / "sample.yaml").read_text()
+                                         .replace("holdout_per_mille: 5", "holdout_per_mille: 0")
+                                         .replace("  recipe: debug_cpu", f"  recipe: debug_cpu\n  line: {line}"))
+    env = {**os.environ, "STOKER_CORPORA": str(corpora)}
+    drop = tmp_path / "drop"  # a small drop; each night is the same documents again
+    sample.write_corpus(drop, shards=1, max_docstring_bytes=40_000)
+    for ds in ("2026-12-21", "2026-12-22"):
+        out = subprocess.run([sys.executable, "-c", DAG_TEST_NIGHT, ds, str(drop)], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=900)
+        assert 'STATE="success"' in out.stdout, (out.stdout + out.stderr)[-4000:]
+        assert read_manifest(RunLayout.of("sample", ds).run_dir).holdout.get("docs", 0) == 0
+    layout = LineLayout.of(line)
+    first, second = (read_night(layout.night(ds, "sample")) for ds in ("2026-12-21", "2026-12-22"))
+    assert (first["decision"]["decision"], first["decision"]["by"]) == ("promoted", "rule")
+    assert first["decision"]["rule"] == "eval.ungated: promote"
+    assert (second["parent"]["kind"], second["parent"]["ds"]) == ("night", "2026-12-21")
+    assert ledger.head(layout)["ds"] == "2026-12-22" and ledger.state(second) == "promoted"
+
+
 def test_a_state_folder_of_an_earlier_stoker_gives_up_its_old_source_asset(airflow_db):
     """Source assets were once named ``stoker.<corpus>.source``; such an active asset holds the URI the
     DAG's asset now needs, and `dags test` (no scheduler orphan pass) would run with it inactive."""

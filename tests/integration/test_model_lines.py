@@ -19,11 +19,20 @@ from stoker.exceptions import StokerError
 from stoker.kafka import offsets as koffsets
 from stoker.kafka import topics as ktopics
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines.nights import head, read_night
+from stoker.lines import ledger
+from stoker.lines.ledger import head
+from stoker.lines.nights import read_night, same_night
 from stoker.lines.parents import choose_parent
 from stoker_airflow.lines import init_args, join_line, launch_parent
 from stoker_local.sample import texts
-from tests.support.trainer_tools import launch_logs, launch_trainer, pretrain_deepseek, publish_text_run, wait_trainer
+from tests.support.trainer_tools import (
+    decide_ungated,
+    launch_logs,
+    launch_trainer,
+    pretrain_deepseek,
+    publish_text_run,
+    wait_trainer,
+)
 
 pytestmark = pytest.mark.integration
 SEQ_LEN = 64
@@ -46,7 +55,12 @@ def _night(kafka_config, sample_corpus, docs, tmp_path: Path, settings: TrainCon
     wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *init_args(parent), train=settings),
                  files.folder)
     join_line(settings, m, files)
+    # joined pending: never the head nor a parent until decided (here as the evaluate task decides a night with
+    # no held-out set)
+    assert ledger.state(read_night(LineLayout.of(settings.line).night(ds, m.corpus))) == "pending"
+    assert not same_night(head(LineLayout.of(settings.line)), {"ds": ds, "corpus": m.corpus})
     summary = json.loads(files.summary.read_text())
+    decide_ungated(settings.line, m, Path(summary.get("export") or files.export))
     return {"parent": parent, "summary": summary, "log": launch_logs(files.folder), "manifest": m}
 
 

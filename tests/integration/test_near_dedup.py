@@ -16,7 +16,10 @@ import pytest
 from spark_jobs.quality import minhasher_for
 from spark_jobs.tokenize_publish import run_job
 from stoker.kafka import offsets as koffsets
+from stoker.layout import LineLayout
+from stoker.lines.gate import human_decision
 from tests.support.quality_oracle import quality
+from tests.support.trainer_tools import bless_night
 
 pytestmark = pytest.mark.integration
 
@@ -83,6 +86,7 @@ def test_night_two_drops_near_copies_of_night_one_and_of_itself_and_names_each_o
     m1 = run_job(spark, cfg, ds=NIGHT1, topic="stoker.near.20261120.a1", run_dir=tmp_path / "run1",
                  kafka_config=kafka_config)
     assert (m1.docs_kept, m1.docs_dropped) == (60, {})
+    bless_night(m1, f"near_{tmp_path.name}", tmp_path / "trained1")  # trained and promoted: its documents count
 
     for attempt in (1, 2):  # the second is a re-run of the same night
         run_dir, topic = tmp_path / f"run2-{attempt}", f"stoker.near.20261121.a{attempt}"
@@ -113,7 +117,9 @@ def test_two_corpora_sharing_one_index_both_find_their_earlier_nights_near_copie
                                                                                   tmp_path):
     """One index for two corpora, both publishing a night of the same date: each keeps its own folder of that
     date (before, the second corpus's night replaced the first's, whose near-copies were trained again the next
-    night), and each next night drops the near-copies of its own earlier documents and of the other corpus's."""
+    night), and each next night drops the near-copies of its own earlier documents and of the other corpus's,
+    once that night is in a line head's weights: while the other corpus's night is held, the copies of its
+    documents are kept (before, a night that no model held still dropped them)."""
     rng = random.Random(9)
     vocab = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 8))) for _ in range(3000)]
     first = {name: [_text(rng, vocab) for _ in range(30)] for name in ("web", "code")}
@@ -122,10 +128,15 @@ def test_two_corpora_sharing_one_index_both_find_their_earlier_nights_near_copie
         "enabled": True, "index": index}}), source=dataclasses.replace(
         small_cfg.source, uri=str(tmp_path / name / "{ds}"))) for name in first}
     hasher = minhasher_for(cfgs["web"].quality)
+    ones = {}
     for name, texts in first.items():
         _night(tmp_path / name / NIGHT1, texts)
-        run_job(spark, cfgs[name], ds=NIGHT1, topic=f"stoker.{name}.20261120.a1", run_dir=tmp_path / f"{name}-1",
-                kafka_config=kafka_config)
+        ones[name] = run_job(spark, cfgs[name], ds=NIGHT1, topic=f"stoker.{name}.20261120.a1",
+                             run_dir=tmp_path / f"{name}-1", kafka_config=kafka_config)
+    line = f"shared_{tmp_path.name}"  # web's night trained and promoted; code's trained and held
+    bless_night(ones["web"], line, tmp_path / "trained-web")
+    bless_night(ones["code"], line, tmp_path / "trained-code")
+    human_decision(LineLayout.of(line), NIGHT1, "code", "roll-back", "a test")
     assert sorted(str(p.parent.relative_to(tmp_path / "index")) for p in (tmp_path / "index").rglob("_SUCCESS")) == [
         f"night={NIGHT1}/corpus=code", f"night={NIGHT1}/corpus=web"]
     # night 2 of web: edited copies of web's own night 1 and of code's
@@ -133,7 +144,12 @@ def test_two_corpora_sharing_one_index_both_find_their_earlier_nights_near_copie
     caught = {c: o for c, o in copies.items() if set(hasher.bands(c)) & set(hasher.bands(o))}
     assert {o in first["web"] for o in caught.values()} == {True, False}  # the sample holds both kinds
     _night(tmp_path / "web" / NIGHT2, [*copies, *(_text(rng, vocab) for _ in range(10))])
+    of_web = {c: o for c, o in caught.items() if o in first["web"]}
     m = run_job(spark, cfgs["web"], ds=NIGHT2, topic="stoker.web.20261121.a1", run_dir=tmp_path / "web-2",
                 kafka_config=kafka_config)
+    assert m.docs_dropped == {"near_duplicate": len(of_web)}  # code's night 1 is in no head's weights
+    human_decision(LineLayout.of(line), NIGHT1, "code", "promote", "a test")  # now it is the head
+    m = run_job(spark, cfgs["web"], ds=NIGHT2, topic="stoker.web.20261121.a2", run_dir=tmp_path / "web-2b",
+                kafka_config=kafka_config)
     assert m.docs_dropped == {"near_duplicate": len(caught)}
-    assert len(koffsets.read_all(kafka_config, "stoker.web.20261121.a1")) == m.sequences
+    assert len(koffsets.read_all(kafka_config, "stoker.web.20261121.a2")) == m.sequences

@@ -23,7 +23,7 @@ from stoker.reports import runs
 from stoker.run import records
 from stoker_airflow.lines import init_args, join_line, keep_replay_store, launch_parent, prepare_replay
 from stoker_local.sample import texts
-from tests.support.trainer_tools import committed_keys, launch_trainer, publish_text_run, wait_trainer
+from tests.support.trainer_tools import committed_keys, decide_ungated, launch_trainer, publish_text_run, wait_trainer
 
 pytestmark = pytest.mark.integration
 SEQ_LEN = 64
@@ -57,6 +57,7 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
                      f1.folder)
         keep_replay_store(settings, m1, f1, kafka_config)  # as the train task does before the night joins
         join_line(settings, m1, f1)
+        decide_ungated(settings.line, m1)
 
         two = RunLayout(tmp_path / "2026-11-02")
         m2 = publish_text_run(kafka_config, sample_corpus["tokenizer"], docs[150:300], two.run_dir, ds="2026-11-02",

@@ -533,7 +533,7 @@ def test_a_held_night_waits_for_a_person_in_the_ui_and_a_terminal_answers_throug
     from playwright.sync_api import expect, sync_playwright
 
     from stoker.layout import LineLayout
-    from stoker.lines.nights import head
+    from stoker.lines.ledger import head
 
     s, dag, night = local_stack, "refresh_gated", GATED_NIGHT
     line = LineLayout(s.home / "lines" / "gated")

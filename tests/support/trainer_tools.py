@@ -108,10 +108,11 @@ def all_keys(m: Manifest) -> list[str]:
     return sorted(records.make_key(0, i).decode() for i in range(m.sequences))
 
 
-def write_plan(manifest_path: Path, train: TrainConfig | None = None) -> Path:
+def write_plan(manifest_path: Path, train: TrainConfig | None = None, evaluation: dict | None = None) -> Path:
     """The run plan beside a test's manifest, as the publish task writes it beside a refresh's: the sample
     corpus's config under the manifest's corpus name, with ``train`` as its train settings (default: a corpus
-    file's defaults). The trainer reads its recipe and the line's settings from here, as in a refresh."""
+    file's defaults) and ``evaluation`` over its ``eval:`` block. The trainer reads its recipe and the line's
+    settings from here, as in a refresh."""
     import dataclasses
 
     from stoker.config.corpus import TrainConfig, load_corpus, parse_corpus
@@ -123,6 +124,7 @@ def write_plan(manifest_path: Path, train: TrainConfig | None = None) -> Path:
     data = load_corpus(REPO / "corpora" / "sample.yaml").to_dict()
     data["name"] = m.corpus
     data["train"] = {k: v for k, v in dataclasses.asdict(train or TrainConfig()).items() if v != ""}
+    data["eval"] = {**data.get("eval", {}), **(evaluation or {})}
     cfg = parse_corpus(data, f"the test plan of {manifest_path}")
     plan = RunPlan(corpus=cfg, ds=m.ds, attempt=1, params={}, corpus_path=str(REPO / "corpora" / "sample.yaml"))
     return plan.write(RunLayout.of_manifest(manifest_path).plan)
@@ -218,6 +220,44 @@ def resume_step(out: Path) -> int:
     return int(complete[-1].removeprefix("step")) if complete else 0
 
 
+def decide_ungated(line: str, m: Manifest, export: Path | None = None) -> dict:
+    """What the evaluate task decides on a joined night with no held-out document to score (``eval.ungated``'s
+    default, promote), through the line's ledger: until then the night is pending, neither head nor parent. As
+    the task does, the card with its decision goes to the run's ``export`` too."""
+    from stoker.layout import LineLayout
+    from stoker.lines.gate import record_decision, ungated
+
+    layout = LineLayout.of(line)
+    done = record_decision(layout, m.ds, m.corpus, {"sets": {}},
+                           ungated("promote", f"no held-out document to score night {m.ds}.{m.corpus} on"))
+    if export is not None:
+        (export / "README.md").unlink(missing_ok=True)
+        (export / "README.md").write_text(layout.night(m.ds, m.corpus).card.read_text())
+    return done
+
+
+def bless_night(m: Manifest, line: str, folder: Path) -> None:
+    """Night ``m`` recorded in ``line`` as the train and evaluate tasks leave a promoted night, through the line's
+    own modules (near-dedup counts only the nights in a line head's weights). A complete checkpoint marker and an
+    empty export in ``folder`` stand in for the model: what is read here is which nights the line holds."""
+    from stoker.layout import CHECKPOINT_COMPLETE, LineLayout
+    from stoker.lines import ledger
+    from stoker.lines.nights import night_record
+    from stoker.lines.parents import choose_parent
+    from stoker.lines.promotion import promote
+
+    layout = LineLayout.of(line)
+    parent = choose_parent(layout, m.ds, m.corpus, "random", "branch")
+    summary = {"recipe": "debug_cpu", "world_size": 1, "steps": 0, "sequences_consumed": m.sequences,
+               "tokens_consumed": m.tokens}
+    ckpts, export = folder / "checkpoints", folder / "export"
+    (ckpts / "step00000000").mkdir(parents=True)
+    (ckpts / "step00000000" / CHECKPOINT_COMPLETE).write_text("{}")
+    export.mkdir()
+    promote(layout, night_record(m, summary, parent), ckpts, export)
+    ledger.decide(layout, m.ds, m.corpus, {"decision": "promoted", "by": "gate", "at": "", "why": "a test's night"})
+
+
 def first_night(kafka_config: dict, sample_corpus: dict, tmp_path: Path, line: str, ds: str) -> str:
     """Night ``ds`` of corpus and line ``line``, its first, trained on 200 of the sample's documents (60 sequences of
     256) as the train task trains it, and joined to the line (any earlier folder of the line removed); its folder."""
@@ -237,7 +277,9 @@ def first_night(kafka_config: dict, sample_corpus: dict, tmp_path: Path, line: s
     parent = launch_parent(settings, files, m)
     wait_trainer(launch_trainer(run.manifest, files.folder, kafka_config, 1, *init_args(parent), train=settings),
                  files.folder)
-    return str(join_line(settings, m, files).folder)
+    folder = str(join_line(settings, m, files).folder)
+    decide_ungated(line, m)
+    return folder
 
 
 def pretrain_deepseek(tokenizer: Path, docs: list[str], out: Path, seq_len: int, steps: int = 40) -> float:

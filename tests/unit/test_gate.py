@@ -13,7 +13,8 @@ from stoker.exceptions import StokerError
 from stoker.layout import LineLayout
 from stoker.lines.gate import decide, human_decision, record_decision, regressions
 from stoker.lines.lease import LeaseHolder, give_back_lease, hand_over_lease, lease_holder, take_lease
-from stoker.lines.nights import blessed, head, read_night
+from stoker.lines.ledger import blessed, head
+from stoker.lines.nights import read_night
 from stoker.lines.parents import choose_parent
 
 pytestmark = pytest.mark.unit
@@ -64,7 +65,7 @@ def test_a_held_night_stays_in_the_history_and_the_next_night_continues_the_bles
     _join(line, tmp_path, "2026-12-02")
     night = line.night("2026-12-02", "c")
     result = _result(night=(4.0, 2.3, 0.05))
-    record_decision(night, result, decide(result, "head", 2.0, 0.01))
+    record_decision(line, "2026-12-02", "c", result, decide(result, "head", 2.0, 0.01))
     assert not blessed(read_night(night)) and read_night(night)["eval"]["night"]["bpb"] == 4.0
     assert "Decision: **held** by gate" in night.card.read_text() and "| night | 20 | 4.0000" in night.card.read_text()
     assert [n.folder.name for n in line.nights()] == ["2026-12-01.c", "2026-12-02.c"]  # still in the history
@@ -72,7 +73,7 @@ def test_a_held_night_stays_in_the_history_and_the_next_night_continues_the_bles
     nxt = choose_parent(line, "2026-12-03", "c", "random", "branch")
     assert (nxt.ds, nxt.role) == ("2026-12-01", "head")
     # a decision made again (a re-run of the task) replaces the card's table, never appends a second one
-    record_decision(night, result, decide(result, "head", 2.0, 0.01))
+    record_decision(line, "2026-12-02", "c", result, decide(result, "head", 2.0, 0.01))
     assert night.card.read_text().count("## Evaluation on held-out documents") == 1
 
 
@@ -80,7 +81,7 @@ def _gated(line: LineLayout, tmp_path, ds: str, bpb: float) -> None:
     """Night ds joined and decided by the gate against a blessed 2.3 bits per byte."""
     _join(line, tmp_path, ds)
     result = _result(night=(bpb, 2.3, 0.05))
-    record_decision(line.night(ds, "c"), result, decide(result, "head", 2.0, 0.01))
+    record_decision(line, ds, "c", result, decide(result, "head", 2.0, 0.01))
 
 
 def test_a_person_promotes_a_held_night_or_rolls_back_the_head_and_the_gates_decision_is_kept(tmp_path):
@@ -88,8 +89,8 @@ def test_a_person_promotes_a_held_night_or_rolls_back_the_head_and_the_gates_dec
     _join(line, tmp_path, "2026-12-01")
     _gated(line, tmp_path, "2026-12-02", 2.6)  # held
     assert head(line)["ds"] == "2026-12-01"
-    with pytest.raises(StokerError, match="was not gated"):
-        human_decision(line, "2026-12-01", "c", "hold", "ann")  # the first night: nothing to compare with
+    with pytest.raises(StokerError, match="is promoted, not held"):
+        human_decision(line, "2026-12-01", "c", "hold", "ann")  # the first night: promoted, nothing to compare with
     done = human_decision(line, "2026-12-02", "c", "promote", "ann (stoker lines decide)", "known shift in the data")
     assert done["decision"] == "promoted" and done["previous"]["decision"] == "held" and done["by"].startswith("ann")
     assert head(line)["ds"] == "2026-12-02"
@@ -153,7 +154,7 @@ def test_lines_show_marks_each_nights_decision_and_plots_its_figure(tmp_path, mo
     human_decision(line, "2026-12-02", "c", "roll-back", "ann")
     rows = catalog.line_nights("l")
     assert [(r["decision"], r["bpb"], r["head"]) for r in rows] == [
-        (None, None, False), ("rolled_back", 2.6, False), ("promoted", 2.2, True)]
+        ("promoted", None, False), ("rolled_back", 2.6, False), ("promoted", 2.2, True)]
     text = catalog.render_line("l", rows).splitlines()
     assert "rolled_back (by hand)" in text[3] and "2.6000 ############" in text[3]
     assert text[4].startswith("* 2026-12-03.c") and "2.2000 #           " in text[4]
@@ -189,7 +190,7 @@ def test_lm_eval_figures_go_to_the_card_and_runs_show_beside_the_gates_and_do_no
         "acc_norm": {"value": 0.8125, "stderr": None}}}}}
     decision = decide(result, "head", 2.0, 0.01)
     assert decision["decision"] == "held" and [r["set"] for r in decision["regressions"]] == ["night"]
-    record_decision(line.night("2026-12-01", "c"), result, decision)
+    record_decision(line, "2026-12-01", "c", result, decision)
     card = line.night("2026-12-01", "c").card.read_text()
     assert "| stoker_cloze | acc | 16 | 0.7500 ± 0.1100 | 0.5000 ± 0.1300 |" in card
     assert "| stoker_cloze | acc_norm | 16 | 0.8125 | - |" in card
@@ -217,7 +218,7 @@ def test_a_persons_decision_is_never_overwritten_by_the_gate_of_a_cleared_evalua
     human_decision(line, "2026-12-02", "c", "roll-back", "ann")
     assert head(line)["ds"] == "2026-12-01"
     result = _result(night=(2.1, 2.3, 0.05))
-    kept = record_decision(line.night("2026-12-02", "c"), result, decide(result, "head", 2.0, 0.01))
+    kept = record_decision(line, "2026-12-02", "c", result, decide(result, "head", 2.0, 0.01))
     assert (kept["decision"], kept["by"]) == ("rolled_back", "ann")
     record = json.loads(line.night("2026-12-02", "c").record.read_text())
     assert record["decision"]["decision"] == "rolled_back" and record["eval"]["night"]["bpb"] == 2.1

@@ -10,7 +10,7 @@ import pytest
 from test_line_rules import _join  # tests/unit: a night planned and promoted as the train task does
 
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines.nights import head
+from stoker.lines.ledger import head
 from stoker.lines.parents import choose_parent
 from stoker.reports.gc import HOLD, freed_bytes, removals
 from stoker_local.cli import main

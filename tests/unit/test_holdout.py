@@ -79,10 +79,16 @@ def test_forgetting_is_measured_on_the_latest_earlier_nights_of_the_lineage_that
     # night 12-05 continued 12-04, whose lineage is every night before it
     parent = {"kind": "night", "line": "l", "path": str(line.night("2026-12-04", "a").folder)}
     line.night("2026-12-04", "a").record.write_text(json.dumps({"lineage": lineage[:-1]}))
+    own = HoldoutPart(packer=steps.Packer(seq_len=4, eos_id=0, pad_id=9))
+    own.add("file:/b.jsonl", [7, 8], "cd")
+    own.write(tmp_path / "run" / "holdout", 0, "uint16")
     got = eval_sets(tmp_path / "run" / "holdout", parent, "2026-12-05", "a", 2)
     # newest first; 12-03's empty set is none (it would be NaN, which the gate counts as a regression, and hold
     # every later night for good)
     assert list(got) == ["night", "forgetting:2026-12-04.a", "forgetting:2026-12-02.b"]
+    # a night that held out no document of its own is scored on the earlier nights' sets alone, as many of them
+    assert list(eval_sets(tmp_path / "empty", parent, "2026-12-05", "a", 2)) == [
+        "forgetting:2026-12-04.a", "forgetting:2026-12-02.b"]
     assert documents(line.night("2026-12-03", "a").holdout) == 0 and documents(tmp_path / "nowhere") == 0
     assert documents(line.night("2026-12-02", "b").holdout) == 1
     assert got["night"] == tmp_path / "run" / "holdout"
@@ -90,7 +96,9 @@ def test_forgetting_is_measured_on_the_latest_earlier_nights_of_the_lineage_that
     # a re-run of 12-04 (its parent 12-03, whose lineage holds an earlier publication of 12-04 in a branch's
     # case): never scored against itself
     assert "forgetting:2026-12-04.a" not in eval_sets(tmp_path / "h", parent, "2026-12-04", "a", 5)
-    assert list(eval_sets(tmp_path / "h", {"kind": "random", "path": ""}, "2026-12-05", "a", 2)) == ["night"]
+    assert list(eval_sets(tmp_path / "run" / "holdout", {"kind": "random", "path": ""}, "2026-12-05", "a", 2)) == [
+        "night"]
+    assert eval_sets(tmp_path / "h", {"kind": "random", "path": ""}, "2026-12-05", "a", 2) == {}  # eval.ungated
     assert baseline_model({"kind": "night", "path": "/l/nights/x"}) == Path("/l/nights/x/hf")
     assert baseline_model({"kind": "hf", "path": "/models/m"}) == Path("/models/m")
     assert baseline_model({"kind": "random", "path": ""}) is None

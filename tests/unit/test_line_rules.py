@@ -14,7 +14,9 @@ from stoker import paths
 from stoker.config.corpus import parse_corpus
 from stoker.exceptions import ConfigError, StokerError
 from stoker.layout import CHECKPOINT_COMPLETE, LineLayout, NightFiles
-from stoker.lines.nights import Night, Parent, head
+from stoker.lines import ledger
+from stoker.lines.ledger import head
+from stoker.lines.nights import Night, Parent
 from stoker.lines.parents import check_agreement, choose_parent
 from stoker.lines.promotion import model_card, promote
 from stoker.run.tokenizer import TokenizerFacts, tokenizer_facts
@@ -33,8 +35,9 @@ def _night(line: str, ds: str, parent: dict, sha: str = "a" * 64, lineage: list 
     return n
 
 
-def _join(line: LineLayout, tmp_path, ds: str, corpus: str = "c", init: str = "random") -> Night:
-    """Night (ds, corpus) planned and promoted into the line, as the train task does it."""
+def _join(line: LineLayout, tmp_path, ds: str, corpus: str = "c", init: str = "random", decided: bool = True) -> Night:
+    """Night (ds, corpus) planned and promoted into the line, as the train task does it; ``decided``: then
+    promoted by the gate, as the evaluate task does for a night that did not regress (else it stays pending)."""
     parent = choose_parent(line, ds, corpus, init, "branch")
     lineage = json.loads(NightFiles(Path(parent.path)).record.read_text())["lineage"] if parent.kind == "night" \
         else None
@@ -45,6 +48,8 @@ def _join(line: LineLayout, tmp_path, ds: str, corpus: str = "c", init: str = "r
         (ckpts / "step00000010" / CHECKPOINT_COMPLETE).write_text("{}")
         export.mkdir()
     promote(line, n, ckpts, export)
+    if decided and n.parent["role"] == "head":
+        ledger.decide(line, ds, corpus, {"decision": "promoted", "by": "gate", "at": "", "why": "no figure regressed"})
     return n
 
 

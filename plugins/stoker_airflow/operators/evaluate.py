@@ -55,8 +55,9 @@ def xcom_safe(value: Any) -> Any:
 
 
 class NightEvalOperator(BaseOperator):
-    """Scores the night's model, and the model it continued, on held-out data; skipped (with the reason)
-    when the night held nothing out (``eval.holdout_per_mille`` 0, or a drop too small for one document)."""
+    """Scores the night's model, and the model it continued, on held-out data, and records the decision in the
+    line (:mod:`stoker.lines.ledger`); a night with no document to score (``eval.holdout_per_mille`` 0, or a drop
+    too small for one document, and no earlier night's set) is decided by ``eval.ungated``."""
 
     template_fields: Sequence[str] = ("manifest_path",)
 
@@ -66,7 +67,7 @@ class NightEvalOperator(BaseOperator):
         self.timeout_s = timeout_s
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+        from airflow.sdk.exceptions import AirflowFailException
 
         from stoker.layout import RunLayout
         from stoker.run.manifest import read_manifest
@@ -78,13 +79,10 @@ class NightEvalOperator(BaseOperator):
         cfg = read_plan(run.plan).corpus
         run.evaluation.unlink(missing_ok=True)  # an earlier try's figures are not this one's
         try:
-            if not m.holdout.get("docs"):
-                raise AirflowSkipException(f"{m.run_id}: no document was held out (eval.holdout_per_mille = "
-                                           f"{m.holdout.get('per_mille', 0)}): nothing to evaluate on, no gate")
             result = self.evaluate(m, run, cfg)
             result["decision"] = self.gate(m, run, cfg, result)
             atomic_write_json(run.evaluation, result)
-        except (AirflowSkipException, AirflowFailException):
+        except AirflowFailException:
             give_back_line_lease(cfg.train, m, context["ti"])  # never tried again: the next night may launch
             raise
         except Exception:
@@ -101,12 +99,18 @@ class NightEvalOperator(BaseOperator):
         return int(context["ti"].try_number) <= int(self.retries or 0)
 
     def evaluate(self, m: Any, run: Any, cfg: Any) -> dict[str, Any]:
+        """The figures (``eval.json``); no set with a document to score: none, and ``eval.ungated`` decides."""
         from stoker.lines.eval_sets import baseline_model, eval_sets
 
         files = run.trainer(m.topic)
         parent = json.loads(files.parent.read_text()) if files.parent.is_file() else {}
         baseline = baseline_model(parent)
         sets = eval_sets(run.holdout, parent, m.ds, m.corpus, cfg.eval.forgetting_nights)
+        if not sets:
+            self.log.warning("%s: no held-out document to score it on (its own: %d, eval.holdout_per_mille %s; no "
+                             "earlier night's set): eval.ungated (%s) decides", m.run_id, m.holdout.get("docs", 0),
+                             m.holdout.get("per_mille", 0), cfg.eval.ungated)
+            return {"sets": {}, "ungated": True}
         done = trainer_scores(files, sets, baseline)
         if done is not None:
             self.log.info("the trainer scored %s against %s on %s right after its export (%.1f s)", files.export,
@@ -161,7 +165,7 @@ class NightEvalOperator(BaseOperator):
     def gate(self, m: Any, run: Any, cfg: Any, result: dict[str, Any]) -> dict[str, Any] | None:
         """The decision on the joined night, recorded in the line (stoker.lines.gate)."""
         from stoker.layout import LineLayout
-        from stoker.lines.gate import decide, record_decision
+        from stoker.lines.gate import decide, record_decision, ungated
         from stoker.lines.nights import read_night
 
         night = LineLayout.of(cfg.train.line).night(m.ds, m.corpus)
@@ -169,13 +173,16 @@ class NightEvalOperator(BaseOperator):
         if record.get("topic") != m.topic:
             self.log.warning("night %s of %s is not in line %s: no decision", m.ds, m.corpus, cfg.train.line)
             return None
-        decision = decide(result, record.get("parent", {}).get("role", "head"), cfg.eval.gate_k,
-                          cfg.eval.max_regression, cfg.eval.max_forgetting)
-        decision = record_decision(night, result, decision)  # a person's earlier decision stands
+        if result.get("ungated"):
+            decision = ungated(cfg.eval.ungated, f"no held-out document to score night {m.ds}.{m.corpus} on")
+        else:
+            decision = decide(result, record.get("parent", {}).get("role", "head"), cfg.eval.gate_k,
+                              cfg.eval.max_regression, cfg.eval.max_forgetting)
+        decision = record_decision(LineLayout.of(cfg.train.line), m.ds, m.corpus, result, decision)
         export_card = run.trainer(m.topic).export / "README.md"
         if export_card.parent.is_dir():  # the run's own export carries the card too (a new file, never a link)
             export_card.unlink(missing_ok=True)
             export_card.write_text(night.card.read_text())
         log = self.log.warning if decision["decision"] == "held" else self.log.info
-        log("night %s of %s: %s by the gate: %s", m.ds, m.corpus, decision["decision"], decision["why"])
+        log("night %s of %s: %s by %s: %s", m.ds, m.corpus, decision["decision"], decision["by"], decision["why"])
         return decision
