@@ -145,6 +145,18 @@ class TrainerFiles:
         return self.folder / "heartbeat.json"
 
     @property
+    def stop_request(self) -> Path:
+        """Written by a host that must stop this trainer where it runs elsewhere: the supervising shell on the
+        trainer's host obeys it at its next beat (``stoker_airflow.launcher.supervise``)."""
+        return self.folder / "stop.request"
+
+    @property
+    def stop_confirmed(self) -> Path:
+        """Written on the trainer's host once every process of it there is stopped (``stoker.process``'s
+        ``stop-tagged --confirm``): the host and the pids."""
+        return self.folder / "stop.confirmed"
+
+    @property
     def parent(self) -> Path:
         """The model this trainer's night continues (``stoker.lines.nights.Parent``), fixed at its first launch
         so that every retry of the night starts from the same model."""

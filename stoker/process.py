@@ -91,11 +91,23 @@ class ProcessRecord:
             return None if lost is None else not lost
         return self.running()
 
+    def host(self) -> str | None:
+        """The host the recorded process runs on (None: no record, or one of an earlier Stoker: this host)."""
+        rec = self._read()
+        return None if rec is None else rec[2]
+
+    def elsewhere(self) -> bool:
+        """Whether the record is of another host (its pid means nothing here)."""
+        return self.host() not in (None, socket.gethostname())
+
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
 
     def stop(self, sig: int = signal.SIGTERM, grace: float = 30.0) -> bool:
-        """Stop the recorded process's group and descendants; False if it was not running."""
+        """Stop the recorded process's group and descendants; False if it was not running. A record of another
+        host is kept: nothing here can stop that process (``stoker_airflow.launcher`` asks its host)."""
+        if self.elsewhere():
+            return False
         pid = self.pid()
         if pid is not None:
             stop_tree(pid, sig, grace)
@@ -201,16 +213,16 @@ def tagged(tag: str) -> list[int]:
     return found
 
 
-def stop_tagged(tag: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> list[int]:
-    """Stop every process carrying ``tag`` (TERM, then KILL after ``grace`` s); the pids found."""
-    pids = tagged(tag)
+def stop_tagged(tag: str, sig: int = signal.SIGTERM, grace: float = 30.0, spare: Sequence[int] = ()) -> list[int]:
+    """Stop every process carrying ``tag`` but ``spare`` (TERM, then KILL after ``grace`` s); the pids found."""
+    pids = [p for p in tagged(tag) if p not in spare]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(start_ticks(p) is not None for p in pids):
         time.sleep(0.1)
-    for pid in tagged(tag):
+    for pid in (p for p in tagged(tag) if p not in spare):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return pids
@@ -263,16 +275,25 @@ def _stop_group(pid: int, sig: int, grace: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m stoker.process stop-tagged TAG``: what a launcher runs on another node to stop what it
-    started there (a trainer's ranks) before anything is relaunched."""
+    started there (a trainer's ranks) before anything is relaunched, and what a trainer's supervising shell runs
+    on its own host: after its launcher exited (ranks it orphaned), or when asked to stop (``--confirm``: the
+    file that says so, written once everything is stopped)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m stoker.process")
     ap.add_argument("command", choices=["stop-tagged"])
     ap.add_argument("tag")
     ap.add_argument("--grace", type=float, default=30.0)
+    ap.add_argument("--spare", type=int, action="append", default=[], help="a pid not to stop (the caller)")
+    ap.add_argument("--confirm", type=Path, help="write {host, stopped, at} here once stopped")
     ns = ap.parse_args(argv)
-    pids = stop_tagged(ns.tag, grace=ns.grace)
-    print(json.dumps({"host": socket.gethostname(), "stopped": pids}))
+    pids = stop_tagged(ns.tag, grace=ns.grace, spare=ns.spare)
+    done = json.dumps({"host": socket.gethostname(), "stopped": pids, "at": time.time()})
+    if ns.confirm is not None:
+        tmp = ns.confirm.with_name(ns.confirm.name + ".tmp")
+        tmp.write_text(done)
+        os.replace(tmp, ns.confirm)
+    print(done)
     return 0
 
 

@@ -9,6 +9,7 @@ a person with a shell all see the same state. No Airflow import here.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -16,14 +17,16 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stoker import paths
 from stoker.config.corpus import NODE_SHELL
+from stoker.exceptions import StokerError
 from stoker.layout import TrainerFiles
-from stoker.process import HEARTBEAT_S, STOP_HEARTBEAT, TAG_VAR, Heartbeat, stop_tagged
+from stoker.process import HEARTBEAT_S, STOP_HEARTBEAT, TAG_VAR, Heartbeat, staleness, stop_tagged
 from stoker.run.manifest import Manifest
 
 log = logging.getLogger("stoker.launcher")
@@ -65,22 +68,45 @@ REMOTE_ENV = "env HF_HUB_OFFLINE=1"
 
 
 def supervise(cmds: list[list[str]], rc_file: Path, heartbeat: Path | None = None,
-              heartbeat_s: float = HEARTBEAT_S) -> str:
+              heartbeat_s: float = HEARTBEAT_S, files: TrainerFiles | None = None) -> str:
     """A bash script that runs the launchers, stops the others when one fails, and writes the first
     non-zero exit code (else 0) to ``rc_file``; meanwhile it beats ``heartbeat`` (a triggerer on
-    another host judges the trainer by it)."""
+    another host judges the trainer by it).
+
+    With the trainer's ``files`` it also answers for the trainer's processes on its own host, wherever the
+    task that follows it runs: once the launchers exited it stops what they left there (ranks of a launcher
+    killed alone run on in sessions of their own) before it writes the exit code, so an exit code means no
+    process of the trainer runs on this host; and while they run it obeys a stop request
+    (``files.stop_request``, written by a task on another host that must relaunch or give up the night): it
+    stops every process of the trainer here and confirms it (``files.stop_confirmed``)."""
     rc = shlex.quote(str(rc_file))
     beat = Heartbeat(heartbeat).shell_loop(heartbeat_s) + " " if heartbeat is not None else ""
     stop = STOP_HEARTBEAT if heartbeat is not None else ""
+    watch = after = ""
+    if files is not None:
+        stopper = [sys.executable, "-m", "stoker.process", "stop-tagged", str(files.folder)]
+        watch = (f"( while kill -0 $$ 2>/dev/null; do if [ -e {shlex.quote(str(files.stop_request))} ]; then "
+                 f"{shlex.join([*stopper, '--grace', str(STOP_GRACE_S), '--confirm', str(files.stop_confirmed)])}; "
+                 f"exit 0; fi; sleep {heartbeat_s:g}; done ) & sw=$!; ")
+        after = (f"kill $sw 2>/dev/null; wait $sw 2>/dev/null; "
+                 f"{shlex.join([*stopper, '--grace', str(STOP_GRACE_S)])} --spare $$ >/dev/null 2>&1; ")
     if len(cmds) == 1:
-        return f"{beat}{shlex.join(cmds[0])}; rc=$?; {stop}echo $rc > {rc}"
+        return f"{beat}{watch}{shlex.join(cmds[0])}; rc=$?; {stop}{after}echo $rc > {rc}"
     start = " ".join(f"{shlex.join(c)} & pids+=($!);" for c in cmds)
-    return (f"{beat}pids=(); {start} rc=0; "
+    return (f"{beat}{watch}pids=(); {start} rc=0; "
             "while [ ${#pids[@]} -gt 0 ]; do "
             "for i in ${!pids[@]}; do p=${pids[$i]}; kill -0 $p 2>/dev/null && continue; "
             "wait $p; r=$?; unset 'pids[i]'; "
             "if [ $r -ne 0 ] && [ $rc -eq 0 ]; then rc=$r; kill ${pids[@]} 2>/dev/null; fi; done; "
-            f"[ ${{#pids[@]}} -gt 0 ] && sleep 0.5; done; {stop}echo $rc > {rc}")
+            f"[ ${{#pids[@]}} -gt 0 ] && sleep 0.5; done; {stop}{after}echo $rc > {rc}")
+
+
+STOP_GRACE_S = 10
+"""Seconds a trainer's processes get between TERM and KILL when its supervising shell stops them."""
+
+
+class TrainerNotStopped(StokerError):
+    """A trainer's processes on another host could not be confirmed stopped: nothing may be relaunched."""
 
 
 class TrainerLauncher:
@@ -116,7 +142,8 @@ class TrainerLauncher:
             owner = None
         if owner == manifest.publication or not f.folder.exists():
             return
-        if f.process.stop():
+        if f.process.elsewhere() or f.process.running():  # wherever it runs: it writes into this folder
+            self.stop()
             log.info("stopped a trainer of an earlier publication of %s", manifest.topic)
         log.info("removing trainer state of an earlier publication of %s: %s", manifest.topic, f.folder)
         shutil.rmtree(f.folder)
@@ -162,7 +189,11 @@ class TrainerLauncher:
         """Stop every process of this trainer: the launcher's group and descendants, the ranks that left
         it (torch elastic gives each rank a session of its own, so a killed launcher orphans them: they
         carry the trainer's tag), and what runs on the other nodes. Before any relaunch, and when the
-        train task fails for good: two trainers on one checkpoint folder and group must never run."""
+        train task fails for good: two trainers on one checkpoint folder and group must never run. A trainer
+        launched on another host is stopped there (:meth:`stop_elsewhere`); TrainerNotStopped when that cannot
+        be confirmed (its record is kept)."""
+        if self.files.process.elsewhere():
+            self.stop_elsewhere(grace)
         self.files.process.stop(grace=grace)
         stopped = stop_tagged(str(self.files.folder), grace=grace)
         if placement is not None:
@@ -172,6 +203,43 @@ class TrainerLauncher:
             log.info("stopped %d processes of trainer %s that had left its launcher: %s", len(stopped),
                      self.files.folder, stopped)
         return stopped
+
+    def stop_elsewhere(self, grace: float = 30.0, window: float | None = None) -> str:
+        """Stop a trainer whose launcher runs on another host, through its supervising shell there; how it was
+        confirmed. Confirmed by its exit code (the shell stopped its host's processes before writing it), by
+        its confirmation of a stop request written here, or by a heartbeat silent for the whole ``window``
+        (default: two stalenesses, the shell's grace and a beat, 30 s; a host that cannot beat into the shared
+        folder for that long is lost, and cannot write the trainer's checkpoints there either). Else (it still
+        beats and does not answer: an older supervisor, a hung shell) TrainerNotStopped, the record kept, nothing
+        relaunched."""
+        f, host = self.files, self.files.process.host()
+        if f.exit_code() is None:
+            f.stop_confirmed.unlink(missing_ok=True)
+            f.stop_request.write_text(json.dumps({"by": socket.gethostname(), "at": time.time()}) + "\n")
+            beat = Heartbeat(f.heartbeat)
+            before = beat.read()
+            limit = window if window is not None else 2 * staleness() + STOP_GRACE_S + HEARTBEAT_S
+            deadline = time.monotonic() + limit
+            while not f.stop_confirmed.is_file() and f.exit_code() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if f.stop_confirmed.is_file():
+                how = f"confirmed by host {host}: {f.stop_confirmed.read_text().strip()}"
+            elif f.exit_code() is not None:
+                how = f"its launcher on {host} exited (code {f.exit_code()})"
+            elif (beat.read() or {}).get("beat") == (before or {}).get("beat"):
+                how = f"host {host} is lost: its heartbeat did not move in {limit:.0f} s"
+            else:
+                raise TrainerNotStopped(
+                    f"trainer {f.folder} runs on host {host}, which still beats ({f.heartbeat}) and did not confirm "
+                    f"the stop requested {limit:.0f} s ago ({f.stop_request}): nothing is relaunched while it may "
+                    f"train. Stop it on {host} (`python -m stoker.process stop-tagged {f.folder}`), then clear the "
+                    "task")
+        else:
+            how = f"its launcher on {host} exited (code {f.exit_code()})"
+        log.warning("trainer %s on host %s stopped: %s", f.folder, host, how)
+        f.process.clear()
+        f.stop_request.unlink(missing_ok=True)
+        return how
 
     def _stop_remote(self, placement: Placement, host: str, grace: float) -> None:
         tag = str(self.files.folder)
@@ -198,7 +266,10 @@ class TrainerLauncher:
         # the shell records the launchers' exit code; it runs in a session of its own (the process
         # record's group), so stopping it stops every launcher and every rank
         f.heartbeat.unlink(missing_ok=True)  # an earlier life's beats are not this one's
-        proc = f.process.spawn(["/bin/bash", "-c", supervise(cmds, f.rc, f.heartbeat), str(f.folder)], log=f.log,
+        f.stop_request.unlink(missing_ok=True)  # a request to stop an earlier life is not one to stop this one
+        f.stop_confirmed.unlink(missing_ok=True)
+        proc = f.process.spawn(["/bin/bash", "-c", supervise(cmds, f.rc, f.heartbeat, files=f), str(f.folder)],
+                               log=f.log,
                                env=full_env, cwd=paths.project_root())
         return proc.pid
 

@@ -13,10 +13,16 @@ The night runs end to end; then the gpu host that runs the trainer is lost (ever
 at once) after its first checkpoint. The triggerer, on its own host, calls the trainer dead from its
 heartbeat; the retry runs on the other gpu host from the last checkpoint; Kafka's ConsoleConsumer
 confirms every sequence was trained exactly once.
+
+The next night, only the trainer's launcher (``torch.distributed.run``) is killed on its gpu host, with that
+host's Celery worker, so the retry lands on the other gpu host while the killed launcher's ranks could train on
+where they are: they are stopped on their own host, one life writes the checkpoints, and every key is trained
+once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +31,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,6 +50,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 ROOT = Path(os.environ["STOKER_HOME"]) / "distributed"  # PostgreSQL's user must reach it: not /tmp/pytest-*
 DS = "2026-12-03"
+DS2 = "2026-12-04"
+"""The second night: only its trainer's launcher is killed, with its gpu host's worker."""
 DAG = "refresh_dist"
 KILL_AT_STEP = 14  # past the checkpoint at step 10, well before the end (about 45 steps)
 CORPUS = """\
@@ -96,11 +105,12 @@ def prepare_shared(shared: Path, sample_corpus: dict[str, Path]) -> None:
     tok = shared / "tokenizers" / "sample-bpe-8192"
     tok.mkdir(parents=True)
     shutil.copy(sample_corpus["tokenizer"], tok / "tokenizer.json")
-    drop = shared / "data" / "dist" / DS
-    drop.mkdir(parents=True)
-    docs = list(texts(sample_corpus["data"]))[:110]
-    (drop / "part-0.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
-    (drop / "_SUCCESS").touch()
+    every = list(texts(sample_corpus["data"]))
+    for ds, docs in ((DS, every[:110]), (DS2, every[110:220])):
+        drop = shared / "data" / "dist" / ds
+        drop.mkdir(parents=True)
+        (drop / "part-0.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+        (drop / "_SUCCESS").touch()
 
 
 def start_redis(home: Path, port: int) -> subprocess.Popen:
@@ -221,21 +231,31 @@ def ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone(UTC).timestamp()
 
 
-def test_a_night_runs_across_hosts_and_its_training_survives_losing_its_gpu_host(deployment):
-    hosts, stack, kafka, shared = deployment
-    api = StackApi(stack)
-    wait_for(lambda: services._all_healthy(services.health(stack)), "a healthy Airflow", hosts, timeout=300)
-    wait_for(lambda: DAG in {d["dag_id"] for d in api.call("GET", "/dags")["dags"]}, f"{DAG} parsed", hosts)
-    run = RunLayout.of("dist", DS, root=shared / "runs")
-    lost: dict = {}
+def trained_once(run: RunLayout, files: TrainerFiles, kafka: ComposeCluster) -> str:
+    """Every sequence of the night trained exactly once (Kafka's ConsoleConsumer as the reference), by a trainer
+    that resumed from a checkpoint; its log."""
+    from stoker.run.manifest import read_manifest
 
+    m = read_manifest(run.manifest)
+    published = committed_keys(kafka.client["bootstrap.servers"], m.topic)  # Kafka's own reader
+    trained = trained_keys(files)
+    assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
+    assert sorted(trained) == sorted(k.decode() for k in published) and len(published) == m.sequences
+    log = files.log.read_text(errors="replace")
+    assert "resumed from" in log, log[-3000:]
+    return log
+
+
+def run_night(api: StackApi, run: RunLayout, ds: str, hosts: dict[str, Host],
+              fault: Callable[[TrainerFiles], None]) -> tuple[str, dict[str, dict]]:
+    """Night ``ds`` (its run folder ``run``) triggered on the stack, ``fault(trainer files)`` done once its trainer
+    is launched; the run must succeed. Its run id and task instances."""
     def killer() -> None:
-        files = wait_for(lambda: launched(run), "a launched trainer", hosts, timeout=900, every=0.5)
-        lose_the_trainers_host(files, hosts, lost)
+        fault(wait_for(lambda: launched(run), "a launched trainer", hosts, timeout=900, every=0.5))
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    run_id = start_night(api, DAG, DS, {}, print)
+    run_id = start_night(api, DAG, ds, {}, print)
     state = wait_for(lambda: (s := api.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")["state"]) in ("success",
                      "failed") and s, "the night to finish", hosts, timeout=1500, every=3)
     thread.join(timeout=5)
@@ -243,6 +263,17 @@ def test_a_night_runs_across_hosts_and_its_training_survives_losing_its_gpu_host
     logs = "\n".join(f"--- {h.name}/{c}\n{h.log_tail(c, 40)}" for h in hosts.values() for c in h.started)
     where = {k: (t["state"], t["hostname"], t["try_number"]) for k, t in tis.items()}
     assert state == "success", f"{where}\n{logs}"
+    return run_id, tis
+
+
+def test_a_night_runs_across_hosts_and_its_training_survives_losing_its_gpu_host(deployment):
+    hosts, stack, kafka, shared = deployment
+    api = StackApi(stack)
+    wait_for(lambda: services._all_healthy(services.health(stack)), "a healthy Airflow", hosts, timeout=300)
+    wait_for(lambda: DAG in {d["dag_id"] for d in api.call("GET", "/dags")["dags"]}, f"{DAG} parsed", hosts)
+    run = RunLayout.of("dist", DS, root=shared / "runs")
+    lost: dict = {}
+    run_id, tis = run_night(api, run, DS, hosts, lambda files: lose_the_trainers_host(files, hosts, lost))
     assert lost, "the trainer's host was never lost"
 
     # where each task ran: the Spark driver on the default worker, training on gpu hosts
@@ -266,15 +297,8 @@ def test_a_night_runs_across_hosts_and_its_training_survives_losing_its_gpu_host
     # the retry resumed from the checkpoint the lost host left, and trained every sequence exactly once
     files = launched(run)
     assert json.loads(files.process.path.read_text())["host"] == survivor
-    from stoker.run.manifest import read_manifest
-
-    m = read_manifest(run.manifest)
-    published = committed_keys(kafka.client["bootstrap.servers"], m.topic)  # Kafka's own reader
-    trained = trained_keys(files)
-    assert not [k for k, n in Counter(trained).items() if n > 1], "a sequence was trained twice"
-    assert sorted(trained) == sorted(k.decode() for k in published) and len(published) == m.sequences
-    log = files.log.read_text(errors="replace")
-    assert "resumed from" in log and "at step 10" in log, log[-3000:]
+    log = trained_once(run, files, kafka)
+    assert "at step 10" in log, log[-3000:]
     assert (LineLayout.of("dist", root=shared / "lines").folder).is_dir()
 
     # each host's disk is its own: a task's log is on the disk of the host that ran it, and only there
@@ -297,3 +321,58 @@ def test_a_night_runs_across_hosts_and_its_training_survives_losing_its_gpu_host
     (Path(os.environ["STOKER_HOME"]) / "artifacts" / "distributed.json").write_text(json.dumps(figures, indent=2))
     assert lost["pids"] >= 3  # the Celery worker, its task supervisor or pool, the trainer's launcher and rank
     assert figures["death_to_failed_try_s"] < 60, figures
+
+
+def kill_the_launcher_only(files: TrainerFiles, hosts: dict[str, Host], killed: dict) -> None:
+    """Once the trainer has checkpointed and trained past KILL_AT_STEP: on its host, SIGKILL the Celery worker
+    (every process there that is not the trainer's: the retry must run elsewhere) and then the launcher alone."""
+    import psutil
+
+    from stoker.process import tagged
+
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        steps = [r["step"] for r in read_log(files.metrics)] if files.metrics.exists() else []
+        if steps and max(steps) >= KILL_AT_STEP and resume_step(files.folder) >= 10:
+            host = hosts[json.loads(files.process.path.read_text())["host"]]
+            trainer = set(tagged(str(files.folder)))
+            ranks = [p for p in trainer if "training.train" in psutil.Process(p).cmdline()
+                     and "torch.distributed.run" not in psutil.Process(p).cmdline()]
+            for pid in (p for p in host.pids() if p not in trainer and p != host.init):
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+            launcher = next(p for p in trainer if "torch.distributed.run" in psutil.Process(p).cmdline())
+            psutil.Process(launcher).kill()
+            killed.update(host=host.name, ranks=ranks, step=max(steps), at=time.time())
+            return
+        time.sleep(0.2)
+
+
+def test_ranks_of_a_launcher_killed_alone_are_stopped_on_their_host_when_the_retry_runs_on_another(deployment):
+    """Before, the retry on the other gpu host cleared the record of a trainer it could not see and relaunched
+    beside the orphaned ranks: two lives trained the night from one checkpoint folder and consumer group."""
+    import psutil
+
+    from stoker.process import tagged
+
+    hosts, stack, kafka, shared = deployment
+    for name in ("gpu-1", "gpu-2"):  # the host the night before lost comes back
+        if not hosts[name].alive():
+            hosts[name].init, hosts[name].lost_at = None, None
+            hosts[name].start()
+    api = StackApi(stack)
+    run = RunLayout.of("dist", DS2, root=shared / "runs")
+    killed: dict = {}
+    run_night(api, run, DS2, hosts, lambda files: kill_the_launcher_only(files, hosts, killed))
+    assert killed and killed["ranks"], "the launcher was never killed"
+    other = ({"gpu-1", "gpu-2"} - {killed["host"]}).pop()
+    files = launched(run)
+    assert json.loads(files.process.path.read_text())["host"] == other  # the relaunch ran on the other host
+    # the killed launcher's ranks were stopped where they ran, before anything was relaunched
+    assert not [p for p in killed["ranks"] if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not set(tagged(str(files.folder))) & set(hosts[killed["host"]].pids())
+    trained_once(run, files, kafka)
+    line = LineLayout.of("dist", root=shared / "lines")
+    from stoker.lines import ledger
+
+    assert ledger.head(line)["ds"] == DS2  # the night joined and was decided (no held-out set: eval.ungated)

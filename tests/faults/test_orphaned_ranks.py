@@ -1,8 +1,9 @@
 """Only the launcher killed (SIGKILL to ``torchrun``, as the OOM killer or a careless ``kill`` does): torch
 elastic started each rank in a session of its own, so the ranks outlive it, out of reach of the launcher's
-process group. Before a relaunch every process of that trainer is stopped (they carry its tag), so two
-trainers never share a checkpoint folder and consumer group, and the night still trains every sequence of
-the manifest exactly once (Kafka's own ConsoleConsumer as the reference)."""
+process group. The supervising shell stops them (they carry the trainer's tag) before it writes the exit code,
+and a relaunch stops whatever is left, so two trainers never share a checkpoint folder and consumer group,
+and the night still trains every sequence of the manifest exactly once (Kafka's own ConsoleConsumer as the
+reference)."""
 
 from __future__ import annotations
 
@@ -56,14 +57,12 @@ def test_ranks_orphaned_by_a_killed_launcher_are_stopped_before_the_relaunch(kaf
     ranks = [p for p in torchrun.children(recursive=True) if "training.train" in " ".join(p.cmdline())]
     assert len(ranks) == 2
     torchrun.kill()
-    assert _wait_exit(launcher) != 0  # the shell saw its launcher die and wrote the exit code
-    assert all(r.is_running() for r in ranks), "the ranks died with their launcher: nothing to orphan"
-    assert not launcher.running()  # what the train task checks: from here, its retry would relaunch
-
-    stopped = launcher.stop(Placement(world_size=2), grace=10)  # the retry's first act
-    assert sorted(stopped) == sorted(r.pid for r in ranks)
-    assert not tagged(str(launcher.files.folder))
-    psutil.wait_procs(ranks, timeout=30)
+    # the shell saw its launcher die, stopped the ranks it orphaned (they carry its tag), then wrote the exit
+    # code: a retry on any host that reads the code relaunches beside nothing
+    assert _wait_exit(launcher) != 0
+    assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks)
+    assert not tagged(str(launcher.files.folder)) and not launcher.running()
+    assert launcher.stop(Placement(world_size=2), grace=10) == []  # the retry's first act: nothing left
 
     _start(launcher, m, run.manifest, kafka_config)
     assert _wait_exit(launcher) == 0, launcher.log_tail()

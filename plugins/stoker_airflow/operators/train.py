@@ -12,7 +12,7 @@ from airflow.sdk import BaseOperator
 from stoker import paths
 from stoker.config.corpus import TrainConfig
 from stoker_airflow.hooks import StokerKafkaHook
-from stoker_airflow.launcher import LOCAL_HOSTS, Placement
+from stoker_airflow.launcher import LOCAL_HOSTS, Placement, TrainerNotStopped
 from stoker_airflow.lines import (
     give_back_line_lease,
     hand_line_lease_to,
@@ -154,7 +154,10 @@ class DeepSpeedTrainOperator(BaseOperator):
         failure = _read_failure(launcher.files.failure)
         tries, restarts = context["ti"].try_number, self.retries or 0
         if event["status"] != Status.TRAINER_FAILED or failure or tries > restarts:
-            launcher.stop(self._placement(train))  # failed for good: no trainer may go on training the night
+            try:
+                launcher.stop(self._placement(train))  # failed for good: no trainer may go on training the night
+            except TrainerNotStopped as e:  # said, and the record kept: a clear's relaunch must stop it first
+                self.log.error("%s", e)
             # the line's next night may train (a retry keeps the lease: it continues the night)
             give_back_line_lease(train, m, context["ti"])
         if failure:  # the trainer's own word: a relaunch cannot fix it (data deleted before it was read)
