@@ -46,7 +46,7 @@ help:
 	@echo "                     the whole stage with them and near-dedup against datatrove's executor: docs/s per core, memory"
 	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
 	@echo "            and duplicated sequences with Kafka's own reader (TRIALS=12, ~15 min); first the line lease's"
-	@echo "            state machine through many more random histories (STATE_EXAMPLES=5000)"
+	@echo "            and the line ledger's state machines through many more random histories (STATE_EXAMPLES=5000)"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
 	@echo "make down   stop exactly what make up started"
 	@echo "make lint   ruff + mypy on the core"
@@ -181,7 +181,8 @@ bench-gate: setup
 
 # hard faults at random points on a 3-node cluster, many trials (~1 min each); TRIALS=12 by default
 soak: setup
-	STOKER_STATE_EXAMPLES=$${STATE_EXAMPLES:-5000} $(BIN)/python -m pytest -q tests/unit/test_line_lease_states.py
+	STOKER_STATE_EXAMPLES=$${STATE_EXAMPLES:-5000} $(BIN)/python -m pytest -q tests/unit/test_line_lease_states.py \
+		tests/unit/test_line_ledger_states.py
 	$(BIN)/python -m bench.soak --trials $${TRIALS:-12}
 
 up: setup stack-deps
