@@ -158,16 +158,8 @@ def _decide(args: argparse.Namespace) -> int:
 
     from stoker.layout import LineLayout
     from stoker.lines.gate import human_decision
-    from stoker.lines.lease import lease_file, lease_holder
 
     ds, _, corpus = args.night.partition(".")
-    holder = lease_holder(LineLayout.of(args.line))
-    if holder is not None:  # a decision now races that night: it would join as a branch, or continue a rolled-back one
-        print(f"stoker lines decide: line {args.line} is busy: {holder.describe()} holds its training lease "
-              f"({holder.task_id}); decide once that night has joined the line and been gated (`stoker lines show "
-              f"{args.line}`). If its run is gone without Airflow knowing, remove "
-              f"{lease_file(LineLayout.of(args.line))}", file=sys.stderr)
-        return 2
     decision = human_decision(LineLayout.of(args.line), ds, corpus or args.line, args.choice,
                               f"{getpass.getuser()} (stoker lines decide)", args.why or "")
     print(f"night {ds}.{corpus or args.line} of line {args.line}: {decision['decision']} by {decision['by']}")

@@ -22,6 +22,7 @@ from stoker.config.eval import Review, Ungated
 from stoker.exceptions import StokerError
 from stoker.layout import LineLayout
 from stoker.lines import ledger
+from stoker.lines.lease import LeaseHolder, lease_file, lease_holder
 from stoker.lines.nights import Decision, Role, read_night, same_night
 
 CHOICES = {Review.PROMOTE: Decision.PROMOTED, Review.HOLD: Decision.HELD, Review.ROLL_BACK: Decision.ROLLED_BACK}
@@ -124,14 +125,23 @@ def ungated(rule: str, why: str) -> dict[str, Any]:
             "why": f"{why}; eval.ungated: {rule}"}
 
 
-def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str, why: str = "") -> dict[str, Any]:
+def human_decision(line: LineLayout, ds: str, corpus: str, choice: str, who: str, why: str = "",
+                   run: LeaseHolder | None = None) -> dict[str, Any]:
     """A person's decision on a night of ``line``, pending or gated: ``promote`` it (it becomes the head: no night
     may have continued the line since, and it holds no rolled-back night), ``hold`` it (confirm the gate, or keep
     a pending night from the line), ``roll-back`` a held or pending night or the promoted head (the head returns
     to the promoted night before it). Recorded with who and when, the earlier decision kept as ``previous``; the
-    model card's table says it. Refused, with why, otherwise (a branch, a night passed over)."""
+    model card's table says it. Refused, with why, otherwise (a branch, a night passed over), and while another
+    night holds the line's training lease (``run``: the DAG run asking, whose own lease does not count): a decision
+    then races that night, which would join as a branch or continue a night rolled back under it."""
     if choice not in CHOICES:
         raise StokerError(f"decision {choice!r}: choose one of {', '.join(CHOICES)}")
+    holder = lease_holder(line)
+    if holder is not None and not (run is not None and holder.same_run(run)):
+        raise StokerError(f"line {line.name} is busy: {holder.describe()} holds its training lease "
+                          f"({holder.task_id}); decide once that night has joined the line and been decided "
+                          f"(`stoker lines show {line.name}`). If its run is gone without Airflow knowing, remove "
+                          f"{lease_file(line)}")
     night = line.night(ds, corpus)
     if not night.record.is_file():
         raise StokerError(f"line {line.name} has no night {ds}.{corpus}: `stoker lines show {line.name}` lists them")

@@ -1,7 +1,7 @@
 """The line's training lease as a state machine: Hypothesis drives ``stoker.lines.lease`` through random histories
 of takes, give-backs and hand-overs by the tasks of several nights (some alive, some dead), including the train
 task of a cleared run taking back what its evaluate task held, and checks every step against a small reference
-model of who must hold the lease. (The ledger of issue 32 will own the whole line's state; this is its lease.)"""
+model of who must hold the lease (the nights' records are the ledger's: test_line_ledger_states.py)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,6 @@ class LeaseMachine(RuleBasedStateMachine):
         assert (None if h is None else ((h.dag_id, h.run_id), h.task_id)) == self.model
 
 
-LeaseMachine.TestCase.settings = settings(max_examples=int(os.environ.get("STOKER_STATE_EXAMPLES", "300")),
+LeaseMachine.TestCase.settings = settings(max_examples=int(os.environ.get("STOKER_STATE_EXAMPLES", "1000")),
                                           stateful_step_count=25, deadline=None)
 test_the_lease_follows_its_reference_model = LeaseMachine.TestCase

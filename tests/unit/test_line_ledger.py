@@ -152,3 +152,24 @@ def test_a_night_with_no_held_out_document_is_decided_by_the_corpus_rule_and_kee
     assert out["decision"]["decision"] == state and lease_holder(line) is None  # decided: the lease goes on
     assert ledger.head(line)["ds"] == ("2026-12-02" if rule == "promote" else "2026-12-01")
     assert json.loads(run.evaluation.read_text())["decision"]["by"] == "rule"
+
+
+def test_no_persons_decision_races_a_night_that_holds_the_lease_whichever_path_it_comes_by(tmp_path):
+    """`stoker lines decide` refused while another night trained, but the review step and `stoker refresh
+    --decision` did not: promoting a held night then turned the training night into a branch."""
+    line = LineLayout(tmp_path / "l")
+    _join(line, tmp_path, "2026-12-01")
+    _join(line, tmp_path, "2026-12-02", decided=False)
+    _gate(line, "2026-12-02", "held")
+    trains = LeaseHolder(dag_id="refresh_c", run_id="r3", task_id="training.train", corpus="c", ds="2026-12-03",
+                         topic="t3")
+    assert take_lease(line, trains, holder_alive=lambda h: True) is None
+    review = LeaseHolder(dag_id="refresh_c", run_id="r2", task_id="training.review", corpus="c", ds="2026-12-02",
+                         topic="t2")
+    with pytest.raises(StokerError, match="line l is busy: night 2026-12-03 of c"):
+        human_decision(line, "2026-12-02", "c", "promote", "ann (Airflow review)", run=review)
+    assert _state(line, "2026-12-02") == "held"
+    # the lease of the deciding run itself does not count (a run's own night)
+    mine = LeaseHolder(dag_id="refresh_c", run_id="r3", task_id="training.review", corpus="c", ds="2026-12-03",
+                       topic="t3")
+    assert human_decision(line, "2026-12-02", "c", "roll-back", "ann", run=mine)["decision"] == "rolled_back"

@@ -9,7 +9,10 @@ default, **Hold**, and the night stays held. With ``hold``, ``promote`` or ``rol
 
 A person's choice goes through :func:`stoker.lines.gate.human_decision`, as ``stoker lines decide`` does: recorded
 with who and why in the night's record and model card, and refused (this step fails, the night stays held)
-when it cannot apply, e.g. promoting a night after a later one continued the line. This is the base of
+when it cannot apply, e.g. promoting a night after a later one continued the line, or while the line's next night
+holds its training lease. The step does not hold the lease while it waits: a held night never stops the line
+(the next night continues the head), so an answer that comes after the next night launched is refused, and
+the held night can then only be trained again. This is the base of
 Airflow's ``HITLBranchOperator`` without its branches: the outcome is the line's record, not a path of tasks.
 """
 
@@ -74,7 +77,8 @@ class NightReviewOperator(HITLOperator):
         cfg, m, train, result = self._held()
         night = f"{m.ds}.{m.corpus}"
         if cfg.eval.review != "ask":
-            self.apply(cfg.eval.review, f"the run's eval.review ({cfg.eval.review}), without asking", train, m)
+            self.apply(cfg.eval.review, f"the run's eval.review ({cfg.eval.review}), without asking", train, m,
+                       context["ti"])
             return None
         self.subject = f"Night {night} of line {train.line} was held by the gate: promote, hold or roll back?"
         self.body = figures_markdown(result, result["decision"], train.line, night)
@@ -87,19 +91,23 @@ class NightReviewOperator(HITLOperator):
         ret = super().execute_complete(context=context, event=event)
         cfg, m, train, _ = self._held()
         choice = OPTIONS[ret["chosen_options"][0]]
-        self.apply(choice, who_answered(ret, cfg.eval.approval_timeout_s), train, m,
+        self.apply(choice, who_answered(ret, cfg.eval.approval_timeout_s), train, m, context["ti"],
                    person=bool(ret.get("responded_by_user")))
         return {"decision": choice}
 
-    def apply(self, choice: str, who: str, train: Any, m: Any, person: bool = False) -> None:
-        """The choice into the line; ``hold`` without a person changes nothing (the gate's hold stands)."""
+    def apply(self, choice: str, who: str, train: Any, m: Any, ti: Any, person: bool = False) -> None:
+        """The choice into the line; ``hold`` without a person changes nothing (the gate's hold stands). Refused
+        (the step fails, the night stays held) while another night of the line holds its training lease."""
         from stoker.lines.gate import human_decision
+        from stoker.lines.lease import LeaseHolder
 
         if choice == "hold" and not person:
             self.log.info("night %s.%s stays held (%s); the line's head stays", m.ds, m.corpus, who)
             return
         from stoker.layout import LineLayout
 
+        me = LeaseHolder(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, corpus=m.corpus, ds=m.ds,
+                         topic=m.topic)
         done = human_decision(LineLayout.of(train.line), m.ds, m.corpus, choice, who,
-                              f"{choice} by {who} in the review step")
+                              f"{choice} by {who} in the review step", run=me)
         self.log.info("night %s.%s of line %s: %s by %s", m.ds, m.corpus, train.line, done["decision"], who)
