@@ -10,7 +10,7 @@
 * **Line nights** (with ``keep_nights``): the older nights go entirely.
 
 Never removed: a line's head (the night the next one continues), the night that joined last (its
-join number is the line's count), and a night holding a file named ``HOLD``. Nothing is removed
+join number is the line's count), a pending night (not decided yet) and a night holding a file named ``HOLD``. Nothing is removed
 without ``apply``; the dry run lists each path, why, and the bytes it frees (files no other path links)."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from stoker import paths
 from stoker.layout import LineLayout, NightFiles, RunLayout, TrainerFiles
+from stoker.lines.ledger import PENDING, state
 from stoker.lines.nights import same_night
 
 HOLD = "HOLD"
@@ -101,6 +102,8 @@ def _protected(rec: dict[str, Any], night: NightFiles, head: dict[str, Any] | No
         return "the line's head"
     if int(rec.get("seq", 0)) == last_seq:
         return "joined last"
+    if state(rec) == PENDING:
+        return "pending (not decided yet: a person may still promote it)"
     if (night.folder / HOLD).exists():
         return f"held ({HOLD})"
     return ""

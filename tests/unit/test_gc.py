@@ -48,18 +48,22 @@ def test_old_nights_lose_their_checkpoint_never_the_head_the_last_join_or_a_held
     for ds, corpus in (("2026-12-01", "web"), ("2026-12-02", "web"), ("2026-12-03", "web"), ("2026-12-04", "web"),
                        ("2026-11-20", "web")):  # the last: older than the head, a branch that joined last
         _join(line, home, ds, corpus=corpus)
+    _join(line, home, "2026-12-05", corpus="code", decided=False)  # pending, then a branch joined after it
+    _join(line, home, "2026-11-19", corpus="web")
     (line.night("2026-12-01", "web").folder / HOLD).write_text("the model we shipped\n")
     top = head(line)
     gone = removals(keep_checkpoints=1)
     assert sorted((r.what, r.path) for r in gone) == sorted(
-        ("checkpoint", str(line.night(ds, "web").checkpoint)) for ds in ("2026-12-02", "2026-12-03"))
+        ("checkpoint", str(line.night(ds, "web").checkpoint)) for ds in ("2026-11-20", "2026-12-02", "2026-12-03"))
     whole = removals(keep_checkpoints=1, keep_nights=2)
     assert {(r.what, r.path.rsplit("/", 1)[-1]) for r in whole} == {
-        ("night", "2026-12-02.web"), ("night", "2026-12-03.web")}  # the newest joins kept: 11-20 (last), 12-04 (head)
+        ("night", "2026-12-02.web"), ("night", "2026-12-03.web"), ("night", "2026-11-20.web")}  # kept: 11-19
+    # (joined last), 12-05.code (pending: a person may still promote it), 12-04 (the head)
     from stoker.reports.gc import apply
 
     apply(whole)
-    assert [n.folder.name for n in line.nights()] == ["2026-11-20.web", "2026-12-01.web", "2026-12-04.web"]
+    assert [n.folder.name for n in line.nights()] == ["2026-11-19.web", "2026-12-01.web", "2026-12-04.web",
+                                                      "2026-12-05.code"]
     assert head(line) == top and choose_parent(line, "2026-12-05", "web", "random", "branch").ds == "2026-12-04"
 
 
