@@ -110,7 +110,7 @@ def find_done(config: Mapping[str, Any], topic: str, spark_partition: int, parti
     again. So each task has its own partition of ``<topic>.tasks``, and the read goes on until it
     passes the high watermark seen at its start: behind an open transaction it waits, never misses.
     """
-    want = records.make_key(spark_partition, 0)[:6]  # b"p00003"
+    want = records.done_key(spark_partition)
     found = [m for m in read_settled(config, tasks_topic(topic), spark_partition % partitions, timeout)
              if m.key() == want]
     return TaskSummary.from_json(found[-1].value() or b"") if found else None
@@ -235,7 +235,7 @@ class _Transactions:
 
     def commit(self, done: TaskSummary) -> None:
         _produce(self.producer, tasks_topic(self.topic), self.sp % self.task_partitions,
-                 records.make_key(self.sp, 0)[:6], done.to_json().encode(), None)
+                 records.done_key(self.sp), done.to_json().encode(), None)
         self.producer.commit_transaction(self.timeout_s)
         self.started, self.count = None, self.count + 1
 

@@ -10,8 +10,9 @@
 * **Line nights** (with ``keep_nights``): the older nights go entirely.
 
 Never removed: a line's head (the night the next one continues), the night that joined last (its
-join number is the line's count), a pending night (not decided yet) and a night holding a file named ``HOLD``. Nothing is removed
-without ``apply``; the dry run lists each path, why, and the bytes it frees (files no other path links)."""
+join number is the line's count), a pending night (not decided yet) and a night holding a file named
+``HOLD``. Nothing is removed without ``apply``; the dry run lists each path, why, and the bytes it frees (files
+no other path links)."""
 
 from __future__ import annotations
 

@@ -55,6 +55,12 @@ def make_key(spark_partition: int, index: int) -> bytes:
     return b"p%05d-s%09d" % (spark_partition, index)
 
 
+def done_key(spark_partition: int) -> bytes:
+    """The key of a Spark task's done record in ``<topic>.tasks`` (``b"p00003"``): its partition, whole. (It was
+    ``make_key(p, 0)[:6]``, which is the same below 100,000 tasks and cut task 100,000 to task 10,000's key.)"""
+    return b"p%05d" % spark_partition
+
+
 def parse_key(key: bytes) -> tuple[int, int]:
     try:
         p, s = key.decode("ascii").split("-")

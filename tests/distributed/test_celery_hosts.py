@@ -178,7 +178,8 @@ def deployment(sample_corpus):
                       "worker-1": {"celery-worker": celery_worker("default", 2)},
                       "gpu-1": {"celery-worker": celery_worker("gpu", 1)},
                       "gpu-2": {"celery-worker": celery_worker("gpu", 1)}}
-        hosts = [Host(name, ROOT, cmds, env).start() for name, cmds in components.items()]
+        hosts = [Host(name, ROOT, cmds, env, keep_alive=name.startswith("gpu")).start()
+                 for name, cmds in components.items()]
         yield {h.name: h for h in hosts}, stack, kafka, shared
     finally:
         for h in reversed(hosts):

@@ -41,7 +41,7 @@ def _open_done_record(kafka_config, topic: str, task: int, task_partitions: int)
     zombie = publish._producer(kafka_config, f"stoker:{topic}:p{task}", "zstd", 60_000)
     zombie.init_transactions(30)
     zombie.begin_transaction()
-    zombie.produce(tasks_topic(topic), partition=task % task_partitions, key=records.make_key(task, 0)[:6],
+    zombie.produce(tasks_topic(topic), partition=task % task_partitions, key=records.done_key(task),
                    value=publish.TaskSummary(spark_partition=task, attempt=0).to_json().encode())
     zombie.flush(30)
     return zombie

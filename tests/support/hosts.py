@@ -46,6 +46,9 @@ class Host:
     pid_ns: str = ""
     lost_at: float | None = None
     started: list[str] = field(default_factory=list)
+    keep_alive: bool = False
+    """The host outlives its commands (its init waits on a sleep too): a test that kills one process of it (a
+    Celery worker) keeps the others running, as a machine does; else the host ends with its last command."""
 
     @property
     def disk(self) -> Path:
@@ -64,6 +67,8 @@ class Host:
                  f"mount --bind {shlex.quote(str(self.root / 'hosts'))} /etc/hosts", "set +e"]
         for name, cmd in self.commands.items():
             lines.append(f"{shlex.join(cmd)} > {local}/logs/{shlex.quote(name)}.log 2>&1 &")
+        if self.keep_alive:
+            lines.append("sleep infinity &")
         return "\n".join([*lines, "wait"])
 
     def start(self) -> Host:

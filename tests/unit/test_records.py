@@ -60,3 +60,13 @@ def test_keys_are_deterministic_and_parse_back():
     assert records.parse_key(key) == (3, 12)
     with pytest.raises(RecordError):
         records.parse_key(b"garbage")
+
+
+def test_done_record_keys_are_distinct_past_a_hundred_thousand_tasks_and_unchanged_below():
+    """The done record's key was the first six bytes of a sequence key: task 100,000's was task 10,000's, so a
+    retry of one could take the other's done record and skip publishing its data (issue 33)."""
+    keys = [records.done_key(t) for t in range(0, 250_000, 7)] + [records.done_key(10_000), records.done_key(100_000)]
+    assert len(set(keys[:-2])) == len(keys[:-2])
+    assert records.done_key(100_000) != records.done_key(10_000) and records.done_key(123_456) == b"p123456"
+    for t in (0, 3, 10_000, 99_999):  # what a done record of an earlier Stoker was keyed by
+        assert records.done_key(t) == records.make_key(t, 0)[:6]
