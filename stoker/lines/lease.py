@@ -52,7 +52,10 @@ def lease_file(line: LineLayout) -> Path:
 
 
 class _Locked:
-    """An exclusive lock on the line's lease (fcntl, on a file of its own beside it)."""
+    """An exclusive lock on the line's lease (fcntl, on a file of its own beside it). The line's folder is on the
+    shared folder when workers run on several hosts: its file system must honour ``flock`` across hosts (NFSv4
+    and Lustre with ``-o flock`` do; NFSv3 without lockd, and some FUSE stores, do not: there two hosts could
+    both take the lease)."""
 
     def __init__(self, line: LineLayout) -> None:
         self.path = line.folder / ".training.lease.lock"
