@@ -326,7 +326,8 @@ def test_a_night_runs_across_hosts_and_its_training_survives_losing_its_gpu_host
 
 def kill_the_launcher_only(files: TrainerFiles, hosts: dict[str, Host], killed: dict) -> None:
     """Once the trainer has checkpointed and trained past KILL_AT_STEP: on its host, SIGKILL the Celery worker
-    (every process there that is not the trainer's: the retry must run elsewhere) and then the launcher alone."""
+    (every process there that is not the trainer's nor the host's own: the retry must run elsewhere) and then the
+    launcher alone."""
     import psutil
 
     from stoker.process import tagged
@@ -341,7 +342,8 @@ def kill_the_launcher_only(files: TrainerFiles, hosts: dict[str, Host], killed: 
                      and "torch.distributed.run" not in psutil.Process(p).cmdline()]
             for pid in (p for p in host.pids() if p not in trainer and p != host.init):
                 with contextlib.suppress(psutil.Error):
-                    psutil.Process(pid).kill()
+                    if psutil.Process(pid).cmdline() != ["sleep", "infinity"]:  # the host's own keep-alive stays
+                        psutil.Process(pid).kill()
             launcher = next(p for p in trainer if "torch.distributed.run" in psutil.Process(p).cmdline())
             psutil.Process(launcher).kill()
             killed.update(host=host.name, ranks=ranks, step=max(steps), at=time.time())
