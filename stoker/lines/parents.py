@@ -12,8 +12,8 @@ from stoker import paths
 from stoker.exceptions import ConfigError, StokerError
 from stoker.files import sha256_file
 from stoker.layout import LineLayout, NightFiles
-from stoker.lines.ledger import blessed
-from stoker.lines.nights import Kind, Parent, Role, _order, joined_nights, read_night
+from stoker.lines.ledger import blessed, state
+from stoker.lines.nights import Decision, Kind, Parent, Role, _order, joined_nights, read_night
 from stoker.run.tokenizer import TokenizerFacts
 
 
@@ -25,7 +25,10 @@ def _holds(record: dict[str, Any], ds: str, corpus: str) -> bool:
 def choose_parent(line: LineLayout, ds: str, corpus: str, init: str, older_nights: str) -> Parent:
     """The parent of night (``ds``, ``corpus``) and its role (see the module's rules); refuses a night
     the head cannot take if told to."""
-    others = [(r, n) for r, n in joined_nights(line) if (r["ds"], r.get("corpus")) != (ds, corpus) and blessed(r)]
+    # a promoted night, or a branch (decided so as it joined): a backfill of several old nights is a chain of
+    # branches, each continuing the one before it; a branch is never a head, so the head is always promoted
+    others = [(r, n) for r, n in joined_nights(line) if (r["ds"], r.get("corpus")) != (ds, corpus)
+              and (blessed(r) or state(r) == Decision.BRANCH)]
     heads = [(r, n) for r, n in others if r.get("parent", {}).get("role", Role.HEAD) == Role.HEAD]
     top = heads[-1] if heads else None
     if top is not None and top[0]["ds"] <= ds and not _holds(top[0], ds, corpus):

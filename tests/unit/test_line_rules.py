@@ -16,7 +16,7 @@ from stoker.exceptions import ConfigError, StokerError
 from stoker.layout import CHECKPOINT_COMPLETE, LineLayout, NightFiles
 from stoker.lines import ledger
 from stoker.lines.ledger import head
-from stoker.lines.nights import Night, Parent
+from stoker.lines.nights import Night, Parent, read_night
 from stoker.lines.parents import check_agreement, choose_parent
 from stoker.lines.promotion import model_card, promote
 from stoker.run.tokenizer import TokenizerFacts, tokenizer_facts
@@ -68,13 +68,19 @@ def test_each_night_continues_the_head_and_older_ones_branch(tmp_path):
     # older than the head: a branch from what precedes it, or refused with what to do
     old = choose_parent(line, "2026-11-15", "c", "random", "branch")
     assert (old.kind, old.role) == ("random", "branch")
+    # a backfill of several old nights is a chain of branches: the next continues the one before it (CI caught
+    # the ledger's first cut training every branch from random weights: a branch was no parent)
+    _join(line, tmp_path, "2026-11-15")
+    assert ledger.state(read_night(line.night("2026-11-15", "c"))) == "branch"
+    chained = choose_parent(line, "2026-11-16", "c", "random", "branch")
+    assert (chained.kind, chained.ds, chained.role) == ("night", "2026-11-15", "branch")
     with pytest.raises(StokerError, match=r"night 2026-11-15 of corpus c cannot continue line l's head, night "
                                           r"2026-12-02 of corpus c.*train.older_nights: branch"):
         choose_parent(line, "2026-11-15", "c", "random", "refuse")
     # what is not a night's link is not a night: the store, a promotion's temporary link
     (line.nights_dir / ".2026-12-09.c.link1").mkdir()
     (line.nights_dir / ".2026-12-09.c.link1" / "night.json").write_text("{}")
-    assert [n.folder.name for n in line.nights()] == ["2026-12-01.c", "2026-12-02.c"]
+    assert [n.folder.name for n in line.nights()] == ["2026-11-15.c", "2026-12-01.c", "2026-12-02.c"]
 
 
 def test_two_corpora_feed_one_line_and_neither_replaces_the_others_night(tmp_path):
