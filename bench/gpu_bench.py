@@ -38,7 +38,8 @@ from spark_jobs.steps import Packer
 from stoker.config.recipes import get_recipe, with_overrides
 from stoker.run import records
 from training.data.batch import make_batch
-from training.trainer import ds_config, loss_sum, to_tensors
+from training.schedule import ds_config
+from training.trainer import loss_sum, to_tensors
 
 EOS, PAD = 1, 0
 

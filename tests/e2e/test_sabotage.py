@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines import nights
+from stoker.lines import ledger
 from tests.support.sabotage import CORPUS, RECIPE, run_night, sabotage_corpora
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,7 @@ def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_hel
 
     first = run_night(corpora, CLEAN)
     assert first["eval"]["decision"]["decision"] == "promoted"
-    head = nights.head(line)
+    head = ledger.head(line)
     assert head is not None and head["ds"] == CLEAN
 
     shuffled = run_night(corpora, SHUFFLED)
@@ -51,7 +51,7 @@ def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_hel
     stopped = {r["set"]: r for r in decision["regressions"]}
     assert f"forgetting:{CLEAN}.{CORPUS}" in stopped, decision  # what the night cost the first night's data
     assert stopped[f"forgetting:{CLEAN}.{CORPUS}"]["change"] > stopped[f"forgetting:{CLEAN}.{CORPUS}"]["allowed"]
-    assert nights.head(line)["ds"] == CLEAN  # the head stays
+    assert ledger.head(line)["ds"] == CLEAN  # the head stays
     held = json.loads(line.night(SHUFFLED, CORPUS).record.read_text())
     assert held["decision"]["decision"] == "held" and "Decision: **held** by gate" in line.night(
         SHUFFLED, CORPUS).card.read_text()
@@ -66,7 +66,7 @@ def test_a_night_of_scrambled_text_and_a_night_at_100x_the_learning_rate_are_hel
     record = json.loads(line.night(HOT, CORPUS).record.read_text())
     assert (record["parent"]["ds"], record["parent"]["role"]) == (CLEAN, "head"), record["parent"]
     assert hot["eval"]["baseline"] == f"{line.night(CLEAN, CORPUS).folder}/hf"
-    assert nights.head(line)["ds"] == CLEAN
+    assert ledger.head(line)["ds"] == CLEAN
     # what `stoker runs show --json` carries: the decision and the figures that stopped it
     cli = subprocess.run([sys.executable, "-m", "stoker_local.cli", "runs", "show", f"{CORPUS}/{HOT}", "--json"],
                          capture_output=True, text=True, check=True, env={**os.environ, "STOKER_CORPORA": str(corpora)})
@@ -110,7 +110,7 @@ def overrule_from_a_terminal(line: LineLayout, capsys) -> None:
                               check=True, env=os.environ.copy()).stdout
 
     stoker("lines", "decide", CORPUS, f"{SHUFFLED}.{CORPUS}", "promote", "--why", "the shuffle was intended")
-    assert nights.head(line)["ds"] == SHUFFLED
+    assert ledger.head(line)["ds"] == SHUFFLED
     assert "the shuffle was intended" in line.night(SHUFFLED, CORPUS).card.read_text()
     stoker("lines", "decide", CORPUS, SHUFFLED, "roll-back")
-    assert nights.head(line)["ds"] == CLEAN
+    assert ledger.head(line)["ds"] == CLEAN
