@@ -195,3 +195,80 @@ def test_every_test_file_carries_the_marker_of_its_folder():
     unmarked = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests").glob("*/test_*.py"))
                 if not re.search(rf"^pytestmark = \[?pytest\.mark\.{p.parent.name}\b", p.read_text(), re.M)]
     assert not unmarked, f"test files without their folder's marker (pytest -m would miss them): {unmarked}"
+
+
+def _top_names(tree: ast.Module) -> set[str] | None:
+    """The names a module defines at its top (None: it defines ``__getattr__``, so any name may exist)."""
+    names: set[str] = set()
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            stack += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                      *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    return names
+
+
+def _module_file(module: str) -> Path | None:
+    parts = module.split(".")
+    for root in (REPO, REPO / "plugins"):
+        base = root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def test_every_name_imported_from_the_project_exists():
+    """A name imported from a module of the project (at the top or inside a function, where only running that
+    path would fail) is defined there or is a submodule, and so is a name used off an imported module of the
+    project (``ledger.head``): a moved function left `bench/gpu_bench.py` importing ``ds_config`` from where it no
+    longer was, and `tests/e2e/test_sabotage.py` calling ``nights.head``; nothing ran either before CI did."""
+    own = ("stoker", "stoker_local", "stoker_airflow", "spark_jobs", "training", "bench", "tests", "dags")
+    files = [p for d in [*SOURCES, "tests"] for p in sorted((REPO / d).rglob("*.py")) if ".stoker" not in p.parts]
+    cache: dict[str, set[str] | None] = {}
+    missing = []
+
+    def defined(module: str) -> set[str] | None:
+        if module not in cache:
+            target = _module_file(module)
+            cache[module] = _top_names(ast.parse(target.read_text())) if target is not None else None
+        return cache[module]
+
+    for path in files:
+        tree = ast.parse(path.read_text())
+        modules = {}  # a name bound to a module of the project (`from stoker.lines import ledger`): its uses
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith(own):
+                modules |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                            if _module_file(f"{node.module}.{a.name}") is not None}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+                names = defined(modules[node.value.id])
+                sub = _module_file(f"{modules[node.value.id]}.{node.attr}")
+                if names is not None and node.attr not in names and sub is None:
+                    missing.append(f"{path.relative_to(REPO)}:{node.lineno}: {modules[node.value.id]} has no "
+                                   f"{node.attr}")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith(own):
+                continue
+            target = _module_file(str(node.module))
+            if target is None:
+                missing.append(f"{path.relative_to(REPO)}:{node.lineno}: no module {node.module}")
+                continue
+            names = defined(str(node.module))
+            for alias in node.names:
+                sub = _module_file(f"{node.module}.{alias.name}")
+                if names is not None and alias.name != "*" and alias.name not in names and sub is None:
+                    missing.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module} has no {alias.name}")
+    assert not missing, "\n".join(missing)
