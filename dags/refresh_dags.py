@@ -128,7 +128,8 @@ def _training_group(cfg: CorpusConfig, run: RunLayout, topic: Asset, model: Asse
             task_id="evaluate", manifest_path=str(run.manifest), queue=cfg.train.queue,
             doc_md=("Scores the night's model and the model it continued on the night's held-out documents "
                     "and on the line's earlier nights' (forgetting): bits per byte per source, with standard "
-                    "errors (eval.json). Skipped when nothing was held out (eval.holdout_per_mille 0)."),
+                    "errors (eval.json), and the decision in the line. A night with no held-out document to "
+                    "score is decided by eval.ungated (promote, by default)."),
         )
         review = NightReviewOperator(
             task_id="review", manifest_path=str(run.manifest), retries=0,
