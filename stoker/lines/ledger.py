@@ -156,11 +156,13 @@ def decide(line: LineLayout, ds: str, corpus: str, decision: dict[str, Any],
     record = read_night(night)
     current = record.get("decision")
     automatic = decision.get("by") in AUTOMATIC
-    later = [r for r, _ in joined_nights(line) if int(r.get("seq", 0)) > int(record.get("seq", 0))
+    others = [r for r, _ in joined_nights(line)]  # read once: every rule below asks the same records
+    later = [r for r in others if int(r.get("seq", 0)) > int(record.get("seq", 0))
              and _is_head_role(r) and state(r) not in (Decision.HELD, Decision.ROLLED_BACK, Decision.PASSED_OVER)]
     me = (ds, corpus, record.get("topic"))
-    built_on = any(me in [(e.get("ds"), e.get("corpus"), e.get("topic")) for e in r.get("lineage", [])[:-1]]
-                   for r, _ in joined_nights(line))
+    continued_by = [r for r in others
+                    if me in [(e.get("ds"), e.get("corpus"), e.get("topic")) for e in r.get("lineage", [])[:-1]]]
+    built_on = bool(continued_by)
     if current and (current.get("decision") in (Decision.PASSED_OVER, Decision.BRANCH)
                     or (automatic and (current.get("by") not in AUTOMATIC or later or built_on))):
         decision = current  # final, a person's, or one a later night already built on
@@ -170,9 +172,7 @@ def decide(line: LineLayout, ds: str, corpus: str, decision: dict[str, Any],
         raise LedgerError(f"night {ds}.{corpus} cannot become line {line.name}'s head: night {later[-1]['ds']}."
                           f"{later[-1].get('corpus')} continued the line after it; train a new night instead")
     if decision is not current and decision["decision"] == Decision.ROLLED_BACK:
-        waiting = [r for r, _ in joined_nights(line) if state(r) == PENDING and any(
-            (e.get("ds"), e.get("corpus"), e.get("topic")) == (ds, corpus, record.get("topic"))
-            for e in r.get("lineage", [])[:-1])]
+        waiting = [r for r in continued_by if state(r) == PENDING]
         if waiting:
             raise LedgerError(f"night {ds}.{corpus} cannot be rolled back: night {waiting[0]['ds']}."
                               f"{waiting[0].get('corpus')} continued it and is not decided yet; decide that first")
