@@ -15,6 +15,16 @@ Here each Spark partition ``p`` owns a fixed ``transactional.id`` (run topic + `
    sequences are committed so far; the last one's done record is marked final and holds the
    task's summary.
 
+Each transaction runs on a producer of its own, whose ``init_transactions()`` gives it a fresh
+producer epoch. Kafka 4's brokers bump the epoch after every transaction only for clients that speak
+KIP-890 part 2 (``transaction.version=2``), and librdkafka does not yet (confluentinc/librdkafka#5423):
+consecutive transactions on one producer would share an epoch, the window in which a delayed produce or
+EndTxn of one transaction is applied to the next (Jepsen's 2024 analyses of Kafka-compatible systems).
+With a new epoch, the broker fences whatever of an earlier transaction is still on the wire. And a
+producer is never used again after an error whose outcome is unknown (a commit or abort that timed
+out): the task fails, and Spark's retry starts from ``init_transactions()`` on a new producer, which
+settles the earlier transaction (completed or aborted) before the retry reads its done record.
+
 Sequences and their done record commit atomically. A retry finds the newest done record: a final
 one means the task is complete (nothing is published again); an earlier one means the retry, whose
 sequence stream is the same (the same records packed in the same order), skips the sequences already
@@ -29,7 +39,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -174,15 +184,16 @@ def publish_partition(
     ``summary`` is filled by the caller's packer as the iterator is consumed (docs, tokens,
     padding); sequences and per-partition counts are filled here.
     """
-    producer = _producer(config, f"stoker:{topic}:p{spark_partition}", compression, tx_timeout_ms)
-    producer.init_transactions(TX_INIT_TIMEOUT_S)  # fences and aborts earlier attempts
+    tx = _Transactions(lambda: _producer(config, f"stoker:{topic}:p{spark_partition}", compression, tx_timeout_ms),
+                       topic, spark_partition, attempt, task_partitions, tx_timeout_ms)
+    tx.fresh()  # fences and aborts earlier attempts
     done = find_done(config, topic, spark_partition, task_partitions)
     if done is not None and done.final:
+        tx.retire()
         done.reused, done.attempt = True, attempt
         yield done
         return
     resume = done.committed if done is not None else 0
-    tx = _Transactions(producer, topic, spark_partition, attempt, task_partitions, tx_timeout_ms)
     try:
         counts = [0] * kafka_partitions
         for i, seq in enumerate(packed):
@@ -191,7 +202,7 @@ def publish_partition(
             if i < resume:  # committed by an earlier attempt: the stream is the same, so is sequence i
                 continue
             if fail_after is not None and i == fail_after:
-                producer.flush(30)  # make sure the doomed records really reached the broker
+                tx.open().flush(30)  # make sure the doomed records really reached the broker
                 raise InjectedFailure(f"injected failure in spark partition {spark_partition} after {i} sequences")
             value = records.encode_value(seq.tokens, dtype)
             headers = records.encode_headers(run_id, dtype, seq.doc_starts, seq.valid)
@@ -207,26 +218,38 @@ def publish_partition(
         if fail_after == KILL_AFTER_COMMIT:  # testing: the commit landed, its result never reaches the driver
             os.kill(os.getpid(), signal.SIGKILL)
     except BaseException:
-        with contextlib.suppress(Exception):  # the fencing on retry aborts it anyway
-            producer.abort_transaction(30)
+        tx.abandon()
         raise
     yield summary
 
 
 class _Transactions:
-    """A task's transactions in turn: each is committed, with a done record, once it has been open for
-    half the transaction timeout (the broker aborts one that outlives it)."""
+    """A task's transactions in turn, each on a producer of its own (a fresh epoch: see the module). Each is
+    committed, with a done record, once it has been open for half the transaction timeout (the broker
+    aborts one that outlives it)."""
 
-    def __init__(self, producer: Any, topic: str, spark_partition: int, attempt: int, task_partitions: int,
-                 tx_timeout_ms: int) -> None:
-        self.producer, self.topic, self.sp, self.attempt = producer, topic, spark_partition, attempt
+    def __init__(self, make_producer: Callable[[], Any], topic: str, spark_partition: int, attempt: int,
+                 task_partitions: int, tx_timeout_ms: int) -> None:
+        self.make_producer = make_producer
+        self.producer: Any = None
+        self.topic, self.sp, self.attempt = topic, spark_partition, attempt
         self.task_partitions, self.timeout_s = task_partitions, tx_timeout_ms / 1000
         self.started: float | None = None
         self.count = 0
+        self.epochs = 0
+        """Producers initialised (``init_transactions()``) by this task: one per transaction it began."""
+
+    def fresh(self) -> Any:
+        """The producer of the next transaction, with an epoch of its own."""
+        if self.producer is None:
+            self.producer = self.make_producer()
+            self.producer.init_transactions(TX_INIT_TIMEOUT_S)
+            self.epochs += 1
+        return self.producer
 
     def open(self) -> Any:
         if self.started is None:
-            self.producer.begin_transaction()
+            self.fresh().begin_transaction()
             self.started = time.monotonic()
         return self.producer
 
@@ -236,8 +259,30 @@ class _Transactions:
     def commit(self, done: TaskSummary) -> None:
         _produce(self.producer, tasks_topic(self.topic), self.sp % self.task_partitions,
                  records.done_key(self.sp), done.to_json().encode(), None)
-        self.producer.commit_transaction(self.timeout_s)
+        try:
+            self.producer.commit_transaction(self.timeout_s)
+        except BaseException:
+            self.retire()  # its outcome may be unknown: never used again, whatever the error said
+            raise
         self.started, self.count = None, self.count + 1
+        self.retire()  # the next transaction begins on a new producer, with a new epoch
+
+    def abandon(self) -> None:
+        """After a failure inside a transaction: abort it where the producer is still sound (an abort that
+        fails or times out is not retried: the fencing of Spark's retry ends the transaction anyway)."""
+        if self.producer is not None and self.started is not None:
+            with contextlib.suppress(Exception):
+                self.producer.abort_transaction(30)
+        self.retire()
+
+    def retire(self) -> None:
+        """Close the producer: after a commit, it has nothing left to send; otherwise what it still holds is
+        purged first, so that nothing of its transaction is sent after the task has given up on it."""
+        if self.producer is not None:
+            producer, self.producer, self.started = self.producer, None, None
+            with contextlib.suppress(Exception):
+                producer.purge()
+                producer.close()
 
 
 def _produce(producer: Any, topic: str, partition: int, key: bytes, value: bytes, headers: Any) -> None:

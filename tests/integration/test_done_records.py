@@ -5,8 +5,10 @@ read_committed reader, which once let a retry publish its sequences a second tim
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import threading
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -91,4 +93,42 @@ def test_the_independent_read_fails_loudly_on_a_lost_or_duplicated_sequence(kafk
     other.commit_transaction(30)
     with pytest.raises(StokerError, match=r"duplicated \{0: 1\}"):
         publish.verify_published(kafka_config, topic, [done])
+    ktopics.delete_topics(kafka_config, [topic, tasks_topic(topic)])
+
+
+def _producer_epoch(bootstrap: str, transactional_id: str) -> int:
+    """The coordinator's current epoch of ``transactional_id``, asked through Kafka's own TransactionsCommand."""
+    from stoker_local import broker
+
+    res = subprocess.run(broker.tool_command("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server",
+                                             bootstrap, "describe", "--transactional-id", transactional_id),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    header, row = (line.split() for line in res.stdout.strip().splitlines()[-2:])
+    return int(row[header.index("ProducerEpoch")])
+
+
+def _slowly(n: int, pause: float):
+    for seq in _sequences(n):
+        time.sleep(pause)
+        yield seq
+
+
+def test_every_transaction_of_a_task_has_a_fresh_producer_epoch(kafka_config):
+    """librdkafka does not speak KIP-890 part 2, so the broker does not bump a producer's epoch between its
+    transactions: the publisher takes a new producer, and a new epoch, for each (see spark_jobs/publish.py)."""
+    topic = f"stoker.test.20261210.e{uuid.uuid4().hex[:8]}"  # a transactional id the broker has never seen
+    koffsets.recreate_topic(kafka_config, topic, 2)
+    koffsets.recreate_topic(kafka_config, tasks_topic(topic), 1)
+    summary = publish.TaskSummary(spark_partition=0, attempt=0)
+    done = next(publish.publish_partition(  # a transaction is due every second (half the timeout)
+        _slowly(6, 0.45), config=kafka_config, topic=topic, kafka_partitions=2, spark_partition=0, attempt=0,
+        run_id="test/2026-12-10", dtype="uint16", compression="zstd", tx_timeout_ms=2_000, summary=summary))
+    assert done.transactions >= 2 and done.sequences == 6
+    tid = f"stoker:{topic}:p0"
+    first = _producer_epoch(kafka_config["bootstrap.servers"], tid)
+    assert first == done.transactions - 1  # epochs 0, 1, ...: one init_transactions() per transaction
+    again = _publish(kafka_config, topic, 0, 1, 1)  # a retry fences with an epoch of its own, and finds it done
+    assert again.reused and _producer_epoch(kafka_config["bootstrap.servers"], tid) == first + 1
+    assert publish.verify_published(kafka_config, topic, [done]) == {0: 3, 1: 3}
     ktopics.delete_topics(kafka_config, [topic, tasks_topic(topic)])
