@@ -173,7 +173,8 @@ def build_dag(cfg: CorpusConfig) -> DAG:
         await_source = SourceReadySensor(
             task_id="await_source", uri="{{ params.source_uri }}", ds=DS,
             success_marker=cfg.source.success_marker, aws_conn_id=cfg.source.aws_conn_id,
-            webhdfs_url=cfg.source.webhdfs_url, poke_interval=cfg.source.poke_interval_s,
+            webhdfs_url=cfg.source.webhdfs_url, corpus_uri=cfg.source.uri,
+            allowed_uri_prefixes=cfg.source.allowed_uri_prefixes, poke_interval=cfg.source.poke_interval_s,
             timeout=cfg.source.timeout_s, mode="reschedule", inlets=[source_asset],
             doc_md="Waits until the night's drop is complete (its success marker is present).",
         )

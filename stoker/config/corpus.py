@@ -90,6 +90,11 @@ class SourceConfig:
     """The most bytes of plain JSONL/text one Spark task reads: the drop is cut into equal shares no
     larger (a 2 GB file is 32 or more tasks at the default; small files share a task); a compressed
     file is never cut. Memory per task does not grow with it: records stream in bounded batches."""
+    allowed_uri_prefixes: list[str] = field(default_factory=list)
+    """Where a run's ``source_uri`` param may point instead of ``uri``: each a folder or URI prefix (a run's
+    value must be it or lie under it, no ``..``). None by default: whoever may trigger the corpus may then
+    not point its night at another folder the workers can read (another corpus's quarantine, say), train
+    it into the line and read its bytes on the run page. Refused before anything runs (await_source)."""
 
     def __post_init__(self) -> None:
         w = "source"
@@ -112,6 +117,14 @@ class SourceConfig:
                         "good size")
         if self.poke_interval_s < 1 or self.timeout_s < self.poke_interval_s:
             raise _fail(f"{w}.timeout_s", self.timeout_s, "must be >= poke_interval_s >= 1")
+        for prefix in self.allowed_uri_prefixes:
+            if not isinstance(prefix, str) or not prefix.strip() or ".." in _segments(prefix):
+                raise _fail(f"{w}.allowed_uri_prefixes", prefix, "each must be a non-empty folder or URI prefix "
+                            "without '..'")
+
+    def check_override(self, uri: str) -> None:
+        """Refuse a run's ``source_uri`` that this source does not allow (:func:`check_source_override`)."""
+        check_source_override(self.uri, self.allowed_uri_prefixes, uri)
 
     @property
     def scheme(self) -> str:
@@ -120,6 +133,31 @@ class SourceConfig:
     def render(self, ds: str) -> str:
         """The URI of one night's drop (``ds`` is YYYY-MM-DD); ``{state}``/``{project}`` expanded."""
         return render_uri(self.uri, ds)
+
+
+def _segments(uri: str) -> list[str]:
+    return uri.split("://", 1)[-1].split("/")
+
+
+def _under(uri: str, prefix: str) -> bool:
+    """``uri`` is ``prefix`` or lies under it as a path (``s3://b/x`` does not hold ``s3://b/xy``)."""
+    base = prefix.rstrip("/")
+    return uri.rstrip("/") == base or uri.startswith(base + "/")
+
+
+def check_source_override(own: str, allowed: list[str], uri: str) -> None:
+    """Refuse a run's ``source_uri`` that is neither the corpus's own ``source.uri`` nor under one of
+    ``source.allowed_uri_prefixes``. Compared with ``{state}``/``{project}`` expanded and before ``{ds}`` is
+    rendered. The one check the plan and the await_source task both make."""
+    from stoker.paths import expand
+
+    if expand(uri) == expand(own):
+        return
+    if ".." not in _segments(uri) and any(_under(expand(uri), expand(prefix)) for prefix in allowed):
+        return
+    raise ConfigError(
+        f"source_uri {uri!r} is not allowed for this corpus: a run may read only source.uri ({own!r}) or a "
+        f"folder under source.allowed_uri_prefixes ({list(allowed) or 'none set'}); add a prefix there to allow it")
 
 
 def render_uri(uri: str, ds: str) -> str:

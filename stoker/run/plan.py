@@ -89,6 +89,11 @@ def apply_params(cfg: CorpusConfig, params: dict[str, Any], origin: str) -> Corp
         if value is None or value == known[name].default(cfg):
             continue
         part, key = known[name].field.split(".")
+        if name == "source_uri":
+            try:
+                cfg.source.check_override(str(value))
+            except ConfigError as e:
+                raise ConfigError(f"{origin}: {e}") from None
         if known[name].kind == "integer" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
             value = int(value)  # a run conf typed on a command line
         data[part][key] = value

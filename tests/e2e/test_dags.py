@@ -296,6 +296,14 @@ def test_a_refresh_through_a_spark_standalone_cluster_publishes_what_local_mode_
     assert pairs == {(m.key(), m.value()) for m in koffsets.read_all(kafka_config, local.topic)}
 
 
+def _drop_folder(tmp_path: Path) -> Path:
+    """A folder of this test's own for a drop a run's ``source_uri`` may point at: under the state folder's
+    ``drops/``, the sample corpus's ``source.allowed_uri_prefixes``."""
+    from stoker import paths
+
+    return paths.state_dir() / "drops" / tmp_path.name
+
+
 DAG_TEST_SECURE = """
 import json, sys
 from datetime import datetime, timezone
@@ -328,7 +336,7 @@ def test_a_whole_refresh_runs_over_sasl_ssl_and_its_password_shows_nowhere(secur
            "SPARK_CONF_DIR": str(tmp_path / "spark-conf")}
     from stoker_local import sample
 
-    drop = tmp_path / "drop"
+    drop = _drop_folder(tmp_path)
     sample.write_corpus(drop, shards=2, max_docstring_bytes=120_000)
     listings = _ProcessListings()
     listings.start()
@@ -381,7 +389,7 @@ def test_nights_with_no_held_out_document_are_decided_by_the_rule_and_the_next_c
                                          .replace("holdout_per_mille: 5", "holdout_per_mille: 0")
                                          .replace("  recipe: debug_cpu", f"  recipe: debug_cpu\n  line: {line}"))
     env = {**os.environ, "STOKER_CORPORA": str(corpora)}
-    drop = tmp_path / "drop"  # a small drop; each night is the same documents again
+    drop = _drop_folder(tmp_path)  # a small drop; each night is the same documents again
     sample.write_corpus(drop, shards=1, max_docstring_bytes=40_000)
     for ds in ("2026-12-21", "2026-12-22"):
         out = subprocess.run([sys.executable, "-c", DAG_TEST_NIGHT, ds, str(drop)], cwd=REPO, env=env,

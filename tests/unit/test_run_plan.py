@@ -22,7 +22,8 @@ def corpus(home, tmp_path):
     path = tmp_path / "corpora" / "web.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump({
-        "name": "web", "source": {"uri": "/data/web/{ds}"}, "tokenizer": {"path": str(tmp_path / "none.json")},
+        "name": "web", "source": {"uri": "/data/web/{ds}", "allowed_uri_prefixes": ["/other", "s3://backfills/web/"]},
+        "tokenizer": {"path": str(tmp_path / "none.json")},
         "pack": {"seq_len": 256}, "train": {"line": "pair", "optimizer": "fresh"}}))
     return path
 
@@ -101,9 +102,53 @@ def test_stoker_refresh_checks_its_params_before_anything_starts():
     from stoker.exceptions import StokerError
     from stoker_local.refresh import run_conf
 
-    assert run_conf("sample", "2026-12-01", ["seq_len=512", "source_uri=/data/x"]) == {
-        "seq_len": 512, "source_uri": "/data/x"}
+    assert run_conf("sample", "2026-12-01", ["seq_len=512", "source_uri={state}/drops/x"]) == {
+        "seq_len": 512, "source_uri": "{state}/drops/x"}
+    with pytest.raises(StokerError, match=r"source_uri '/data/x' is not allowed .* source.allowed_uri_prefixes"):
+        run_conf("sample", "2026-12-01", ["source_uri=/data/x"])
     with pytest.raises(StokerError, match=r"pack.seq_len = 4000000: must be in \[2, 1048576\]"):
         run_conf("sample", "2026-12-01", ["seq_len=4000000"])
     with pytest.raises(StokerError, match="write NAME=VALUE"):
         run_conf("sample", "2026-12-01", ["seq_len"])
+
+
+@pytest.mark.parametrize("uri", ["/elsewhere/{ds}", "/otherwise/{ds}", "/other/../data/quarantine",
+                                 "s3://backfills/webs/x", "/data/web"])
+def test_a_source_uri_outside_the_allowed_prefixes_is_refused_naming_the_setting(corpus, uri):
+    with pytest.raises(ConfigError, match=r"source_uri .* is not allowed for this corpus: a run may read only "
+                                          r"source.uri \('/data/web/\{ds\}'\) or a folder under "
+                                          r"source.allowed_uri_prefixes \(\['/other', 's3://backfills/web/'\]\)"):
+        plan_run(corpus, "2026-12-03", {"source_uri": uri})
+
+
+@pytest.mark.parametrize("uri", ["/other", "/other/{ds}", "/other/deep/{ds_nodash}/", "s3://backfills/web/2026/{ds}"])
+def test_a_source_uri_under_an_allowed_prefix_is_taken(corpus, uri):
+    assert plan_run(corpus, "2026-12-03", {"source_uri": uri}).corpus.source.uri == uri
+
+
+def test_with_no_prefix_allowed_a_run_may_not_change_its_source(corpus):
+    import yaml as _yaml
+
+    data = _yaml.safe_load(corpus.read_text())
+    del data["source"]["allowed_uri_prefixes"]
+    corpus.write_text(_yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"source.allowed_uri_prefixes \(none set\)"):
+        plan_run(corpus, "2026-12-03", {"source_uri": "/other/{ds}"})
+    assert plan_run(corpus, "2026-12-03", {"source_uri": "/data/web/{ds}"}).corpus.source.uri == "/data/web/{ds}"
+
+
+def test_await_source_refuses_a_source_uri_the_corpus_does_not_allow_before_its_first_poke(tmp_path):
+    """The first task of the night: a drop that is there and complete, but not one this corpus may read."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stoker_airflow.sensors.source import SourceReadySensor
+
+    drop = tmp_path / "quarantine"
+    drop.mkdir()
+    (drop / "_SUCCESS").write_text("")
+    (drop / "part-0.jsonl").write_text('{"text": "raw bytes of another corpus"}\n')
+    sensor = SourceReadySensor(task_id="await_source", uri=str(drop), corpus_uri="/data/web/{ds}",
+                               allowed_uri_prefixes=["/other"])
+    assert sensor.poke({}) is True  # the drop itself is ready: only the allow-list refuses it
+    with pytest.raises(AirflowFailException, match=r"source.allowed_uri_prefixes \(\['/other'\]\)"):
+        sensor.execute({})

@@ -20,14 +20,21 @@ class SourceReadySensor(BaseSensorOperator):
     answer fails the poke at once with the reason: a refused credential or a missing bucket fails
     the task for good (no retry can fix it); an unreachable, throttled or failing store (or a
     standby NameNode) fails this try, and the DAG's retries try again.
+
+    A run's ``source_uri`` that the corpus does not allow (``source.allowed_uri_prefixes``) fails the
+    task for good before its first poke: nothing of the night runs.
     """
 
     template_fields: Sequence[str] = ("uri", "ds")
 
     def __init__(self, *, uri: str, ds: str | None = None, success_marker: str | None = "_SUCCESS",
-                 aws_conn_id: str = "aws_default", webhdfs_url: str | None = None, **kwargs: Any) -> None:
+                 aws_conn_id: str = "aws_default", webhdfs_url: str | None = None, corpus_uri: str | None = None,
+                 allowed_uri_prefixes: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.uri = uri
+        self.corpus_uri = corpus_uri
+        """The corpus config's own ``source.uri``; with it, ``uri`` must be it or an allowed override."""
+        self.allowed_uri_prefixes = list(allowed_uri_prefixes)
         """The source URI; with ``ds``, its ``{ds}``/``{ds_nodash}`` select that night (as the job does)."""
         self.ds = ds
         self.success_marker = success_marker
@@ -71,6 +78,14 @@ class SourceReadySensor(BaseSensorOperator):
         return ready
 
     def execute(self, context: Any) -> Any:
+        if self.corpus_uri is not None:
+            from stoker.config.corpus import check_source_override
+            from stoker.exceptions import ConfigError
+
+            try:
+                check_source_override(self.corpus_uri, self.allowed_uri_prefixes, self.uri)
+            except ConfigError as e:
+                raise AirflowFailException(str(e)) from None
         try:
             return super().execute(context)
         except AirflowSensorTimeout:
