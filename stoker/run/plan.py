@@ -62,7 +62,8 @@ class RunParam:
 RUN_PARAMS: tuple[RunParam, ...] = (
     RunParam("source_uri", "source.uri", "string", "Source", "Source",
              "Where this run reads raw text: a folder or file://, s3://, hdfs:// URI. {ds} / {ds_nodash} become "
-             "the run's date (its night's drop); {state} is .stoker/."),
+             "the run's date (its night's drop); {state} is .stoker/. Only source.uri itself or a folder under the "
+             "corpus's source.allowed_uri_prefixes (none by default) is taken."),
     RunParam("seq_len", "pack.seq_len", "integer", "Sequence length", "Packing",
              "Tokens per packed training sequence; each Kafka record holds seq_len+1 token ids. Documents are "
              "packed back to back with EOS between them and never attend across.", _config.SEQ_LEN_BOUNDS),
