@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE := 1
 export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(BIN)/python
 
-.PHONY: versions help setup check-tools stack-deps hosts-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench bench-gate bench-schedule bench-replay bench-quality soak up down clean
+.PHONY: versions help setup check-tools stack-deps hosts-deps browser-deps venv kafka-jars s3a-jars test-servers sample run test test-unit test-quick docs lint bench bench-gate bench-schedule bench-replay bench-replay-memory bench-quality soak up down clean
 
 help:
 	@echo "make run    set up, start Kafka and PostgreSQL (Airflow's database, shared with make up), run refresh_sample end to end, print the run summary"
@@ -42,6 +42,7 @@ help:
 	@echo "make bench-gate      ten trials of sabotaged nights against the promotion gate"
 	@echo "make bench-schedule  three nights of a line per LR schedule (rewarm, constant, wsd)"
 	@echo "make bench-replay    forgetting with train.replay 0, 0.05, 0.25 (docstrings, then CJK)"
+	@echo "make bench-replay-memory  replay's peak memory, worker and rank, at 1 M sequences of 4,096 tokens"
 	@echo "make bench-quality   the quality filters against datatrove's on 10,000 mixed documents: agreement, docs/s;"
 	@echo "                     the whole stage with them and near-dedup against datatrove's executor: docs/s per core, memory"
 	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
@@ -171,6 +172,10 @@ bench-schedule: setup
 # forgetting with train.replay 0, 0.05 and 0.25: two nights each, docstrings then CJK (about 10 min)
 bench-replay: setup
 	$(BIN)/python -m bench.replay_bench
+
+# replay's peak memory at 1 M sequences of 4,096 tokens, replay 0.05: the worker's draw and a rank (8 GB topic)
+bench-replay-memory: setup
+	$(BIN)/python -m bench.replay_memory_bench
 
 bench-quality: setup
 	$(BIN)/python -m bench.quality_bench

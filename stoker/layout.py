@@ -120,13 +120,13 @@ class TrainerFiles:
     @property
     def replay(self) -> Path:
         """``train.replay``: the rows drawn from the line's earlier nights (stoker/lines/replay.py); the trainer mixes
-        them in when the file is there."""
-        return self.folder / "replay.npz"
+        them in when the folder is there (:mod:`stoker.lines.replay_rows`)."""
+        return self.folder / "replay"
 
     @property
     def replay_store(self) -> Path:
         """The night's own rows it leaves to its line's replay store (stoker/lines/replay.py ``keep_store``)."""
-        return self.folder / "replay_store.npz"
+        return self.folder / "replay_store"
 
     @property
     def replay_draw(self) -> Path:
@@ -300,7 +300,13 @@ class NightFiles:
 
     @property
     def replay_store(self) -> Path:
-        """Some of the night's own sequences, for later nights to replay once its topic is gone (``train.replay``)."""
+        """Some of the night's own sequences, for later nights to replay once its topic is gone (``train.replay``):
+        a folder of :mod:`stoker.lines.replay_rows`; a night of an earlier Stoker left ``replay_store.npz``
+        (:attr:`replay_store_legacy`)."""
+        return self.folder / "replay_store"
+
+    @property
+    def replay_store_legacy(self) -> Path:
         return self.folder / "replay_store.npz"
 
 

@@ -139,13 +139,15 @@ def prepare_replay(train: TrainConfig, files: TrainerFiles, manifest: Any, paren
     (the line's first night, a Hugging Face start, or ``replay: 0``)."""
     from stoker.lines import replay
     from stoker.lines.nights import read_night
+    from stoker.lines.replay_rows import remove_rows
 
     if train.replay <= 0 or parent.kind != "night":
-        files.replay.unlink(missing_ok=True)
+        remove_rows(files.replay)
         files.replay_draw.unlink(missing_ok=True)
         return None
     def store_of(entry: dict[str, Any]) -> Path:
-        return LineLayout.of(train.line).night(str(entry.get("ds")), str(entry.get("corpus"))).replay_store
+        night = LineLayout.of(train.line).night(str(entry.get("ds")), str(entry.get("corpus")))
+        return night.replay_store if night.replay_store.exists() else night.replay_store_legacy
 
     done = replay.prepare(kafka_config, read_night(NightFiles(Path(parent.path))),
                           {"kind": parent.kind, "path": parent.path}, manifest, train.replay, files.replay,

@@ -14,6 +14,7 @@ from stoker.exceptions import StokerError
 from stoker.layout import CHECKPOINT_COMPLETE, FORK_FILE, LineLayout, NightFiles, complete_checkpoints
 from stoker.lines import ledger
 from stoker.lines.nights import Night
+from stoker.lines.replay_rows import rows_present
 from stoker.run.holdout import documents
 
 
@@ -59,8 +60,8 @@ def promote(line: LineLayout, night: Night, checkpoints: Path, export: Path, hol
         _link_tree(trunk, new.trunk)
     if holdout is not None and documents(holdout):  # an empty set is no evaluation set of the line
         _link_tree(holdout, new.holdout)
-    if replay_store is not None and replay_store.is_file():
-        _link(replay_store, new.replay_store)
+    if replay_store is not None and rows_present(replay_store):
+        _link_tree(replay_store, new.replay_store)
     new.card.unlink(missing_ok=True)
     new.card.write_text(model_card(night))
     ledger.write_new(new.record, ledger.new_record(night))

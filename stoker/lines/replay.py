@@ -10,12 +10,13 @@ nights its model already holds, so continuing the line does not erase what earli
   night's range (the night records each partition's count; transaction markers take offsets, so offsets
   cannot name records), and reading scans the partition's range from its start.
 * **Where it is read.** The train task's launch reads the drawn records from their topics (read_committed,
-  each partition from its first drawn offset) and writes them, decoded, into the trainer's folder
-  (``replay.npz``), with the draw (``replay.json``: the parent, the share, per topic what was drawn, read,
+  each partition's range from its start up to its last drawn record) and streams them, decoded, one at a time
+  into the trainer's folder (``replay/``, one memory-mapped file per field: :mod:`stoker.lines.replay_rows`),
+  with the draw (``replay.json``: the parent, the share, per topic what was drawn, read,
   and missing). A relaunch reuses both while the parent is the same, so the night stays deterministic and
   exactly resumable. Records of another ``seq_len`` are counted and skipped (a batch has one length).
 * **The line's replay store.** When a night of a replaying line joins it, it leaves in its night folder
-  (``replay_store.npz``) ``R`` of its own records (``R`` for its own size and share), drawn the same way and
+  (``replay_store/``) ``R`` of its own records (``R`` for its own size and share), drawn the same way and
   read while its topic surely exists. Draws whose records retention already deleted (or whose topic is gone)
   are taken from their night's store instead, chosen by the same seed, as far as it holds them; what neither
   holds is counted as missing and named: the night replays fewer, never fails for it.
@@ -39,6 +40,7 @@ from typing import Any
 
 from stoker.exceptions import StokerError
 from stoker.files import atomic_write_json
+from stoker.lines.replay_rows import ReplayRows, RowWriter, remove_rows, rows_present
 
 log = logging.getLogger("stoker.lines.replay")
 
@@ -108,35 +110,37 @@ def _records(reader: Any, topic: str, p: int, start: int, end: int, timeout: flo
 
 
 def _read_partition(reader: Any, topic: str, p: int, indices: list[int], span: tuple[int, int], seq_len: int,
-                    timeout: float) -> tuple[list[tuple[bytes, Any]], int]:
-    """The drawn records of one partition (by their index in the range ``span``), decoded; and how many had
-    another length. Fewer when the range holds fewer records than an index."""
+                    timeout: float, sink: Callable[[bytes, Any], None]) -> tuple[int, int]:
+    """The drawn records of one partition (by their index in the range ``span``), decoded into ``sink`` one at a
+    time; how many were read and how many had another length. Fewer when the range holds fewer records than an
+    index. The scan ends at the last drawn record."""
     from stoker.run import records
 
-    out, other_length, i = [], 0, 0
+    read, other_length, i = 0, 0, 0
     for k, msg in enumerate(_records(reader, topic, p, span[0], span[1], timeout)):
         if k != indices[i]:
             continue
         i += 1
         try:
-            out.append((KEY_PREFIX + f"{topic}:".encode() + msg.key(), records.decode(msg.value(), msg.headers(),
-                                                                                        seq_len)))
+            seq = records.decode(msg.value(), msg.headers(), seq_len)
         except records.RecordError:
             other_length += 1
+        else:
+            sink(KEY_PREFIX + f"{topic}:".encode() + msg.key(), seq)
+            read += 1
         if i == len(indices):
             break
-    return out, other_length
+    return read, other_length
 
 
 def read_drawn(config: Mapping[str, Any], picks: dict[str, dict[int, list[int]]],
-               ranges: dict[str, dict[int, tuple[int, int]]], seq_len: int,
-               timeout: float = 120.0) -> tuple[list[tuple[bytes, Any]], dict[str, dict[str, int]]]:
-    """The drawn records, decoded, and per topic: drawn, read, missing (deleted), other_length.
-    ``ranges``: per topic and partition, its night's offset range ``(start, end)``."""
+               ranges: dict[str, dict[int, tuple[int, int]]], seq_len: int, sink: Callable[[bytes, Any], None],
+               timeout: float = 120.0) -> dict[str, dict[str, int]]:
+    """The drawn records, decoded into ``sink`` as they are read (nothing is held); per topic: drawn, read,
+    missing (deleted), other_length. ``ranges``: per topic and partition, its night's offset range ``(start, end)``."""
     from stoker.kafka import offsets as koffsets
     from stoker.kafka.clients import Role, consumer
 
-    rows: list[tuple[bytes, Any]] = []
     stats: dict[str, dict[str, int]] = {}
     reader = consumer(config, Role.READER, "stoker-replay")
     try:
@@ -152,39 +156,13 @@ def read_drawn(config: Mapping[str, Any], picks: dict[str, dict[int, list[int]]]
                 if p not in earliest or earliest[p] > start:  # retention deleted (some of) its range
                     st["missing"] += len(indices)
                     continue
-                got, other = _read_partition(reader, topic, p, indices, (start, end), seq_len, timeout)
-                rows += got
-                st["read"] += len(got)
+                got, other = _read_partition(reader, topic, p, indices, (start, end), seq_len, timeout, sink)
+                st["read"] += got
                 st["other_length"] += other
-                st["missing"] += len(indices) - len(got) - other
+                st["missing"] += len(indices) - got - other
     finally:
         reader.close()
-    return rows, stats
-
-
-class ReplayRows:
-    """The rows of a file :func:`write_rows` wrote, decoded on demand."""
-
-    def __init__(self, path: Path) -> None:
-        import numpy as np
-
-        with np.load(path, allow_pickle=False) as d:
-            self.tokens, self.valid, self.keys = d["tokens"], d["valid"], d["keys"]
-            self.doc_starts, self.doc_bounds = d["doc_starts"], d["doc_bounds"]
-        self.path = path
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def key(self, i: int) -> bytes:
-        return str(self.keys[i]).encode()
-
-    def sequence(self, i: int) -> Any:
-        from stoker.run.records import PackedSequence
-
-        v = int(self.valid[i])
-        return PackedSequence(self.tokens[i], "replay", self.doc_starts[self.doc_bounds[i]:self.doc_bounds[i + 1]],
-                              None if v < 0 else v)
+    return stats
 
 
 def keep_store(config: Mapping[str, Any], manifest: Any, share: float, out: Path) -> int:
@@ -196,37 +174,24 @@ def keep_store(config: Mapping[str, Any], manifest: Any, share: float, out: Path
              "partition_sequences": {str(p.partition): p.sequences for p in manifest.partitions}}
     picks = draw([entry], manifest.sequences, share, seed=f"store:{manifest.topic}")
     spans = {p.partition: (p.start_offset, p.end_offset) for p in manifest.partitions}
-    rows, _ = read_drawn(config, picks, {manifest.topic: spans}, manifest.seq_len)
-    write_rows(out, rows, manifest.seq_len)
-    return len(rows)
+    writer = RowWriter(out, manifest.seq_len)
+    try:
+        read_drawn(config, picks, {manifest.topic: spans}, manifest.seq_len, writer.add)
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.close()
 
 
-def _from_store(store: Path | None, want: int, seed: str) -> list[tuple[bytes, Any]]:
-    """``want`` rows of an earlier night's store (fewer when it holds fewer), chosen by ``seed``."""
-    if store is None or not store.is_file() or want <= 0:
-        return []
+def _from_store(store: Path | None, want: int, seed: str, sink: Callable[[bytes, Any], None]) -> int:
+    """``want`` rows of an earlier night's store (fewer when it holds fewer), chosen by ``seed``, into ``sink``."""
+    if store is None or not rows_present(store) or want <= 0:
+        return 0
     rows = ReplayRows(store)
-    return [(rows.key(i), rows.sequence(i))
-            for i in sorted(random.Random(seed).sample(range(len(rows)), min(want, len(rows))))]
-
-
-def write_rows(out: Path, rows: list[tuple[bytes, Any]], seq_len: int) -> None:
-    """Replay rows as arrays (no pickles): tokens, valid lengths (-1: all), document starts, keys."""
-    import numpy as np
-
-    tokens = np.zeros((len(rows), seq_len + 1), dtype=np.uint32)
-    valid = np.full(len(rows), -1, dtype=np.int64)
-    starts, bounds = [], [0]
-    for i, (_, s) in enumerate(rows):
-        tokens[i] = s.tokens
-        valid[i] = -1 if s.valid is None else s.valid
-        starts.append(np.asarray(s.doc_starts, dtype=np.uint32))
-        bounds.append(bounds[-1] + len(s.doc_starts))
-    keys = np.array([k.decode() for k, _ in rows], dtype=str) if rows else np.zeros(0, dtype="<U1")
-    tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez(tmp, tokens=tokens, valid=valid, doc_starts=np.concatenate([np.zeros(0, np.uint32), *starts]),
-             doc_bounds=np.asarray(bounds, dtype=np.int64), keys=keys)
-    tmp.replace(out)
+    chosen = sorted(random.Random(seed).sample(range(len(rows)), min(want, len(rows))))
+    for i in chosen:
+        sink(rows.key(i), rows.sequence(i))
+    return len(chosen)
 
 
 def prepare(config: Mapping[str, Any], parent_record: dict[str, Any], parent: dict[str, Any], manifest: Any,
@@ -235,11 +200,11 @@ def prepare(config: Mapping[str, Any], parent_record: dict[str, Any], parent: di
     """The night's replay rows in ``npz`` and its draw in ``record``, drawn and read once per parent (a relaunch
     with the same parent reuses them); None and both files removed when the night replays nothing. Draws whose
     records are gone come from their night's store (``store_of(lineage entry)``) as far as it holds them."""
-    if record.is_file() and npz.is_file():
+    if record.is_file() and rows_present(npz):
         done = json.loads(record.read_text())
         if done.get("parent") == parent and done.get("share") == share and done.get("topic") == manifest.topic:
             return dict(done)
-    npz.unlink(missing_ok=True)
+    remove_rows(npz)
     record.unlink(missing_ok=True)
     lineage = [e for e in parent_record.get("lineage", []) if e.get("topic")]
     picks = draw(lineage, manifest.sequences, share, seed=manifest.topic) if share > 0 else {}
@@ -247,16 +212,20 @@ def prepare(config: Mapping[str, Any], parent_record: dict[str, Any], parent: di
         return None
     ranges = {str(e["topic"]): {int(p): (int(f), int(t)) for p, (f, t) in e["offsets"].items()} for e in lineage}
     t0 = time.perf_counter()
-    rows, stats = read_drawn(config, picks, ranges, manifest.seq_len)
-    for e in lineage:
-        st = stats.get(str(e["topic"]))
-        if st and st["missing"]:
-            stored = _from_store(store_of(e), st["missing"], seed=f"{manifest.topic}:{e['topic']}")
-            rows += stored
-            st["from_store"], st["missing"] = len(stored), st["missing"] - len(stored)
-    write_rows(npz, rows, manifest.seq_len)
+    writer = RowWriter(npz, manifest.seq_len)
+    try:
+        stats = read_drawn(config, picks, ranges, manifest.seq_len, writer.add)
+        for e in lineage:
+            st = stats.get(str(e["topic"]))
+            if st and st["missing"]:
+                stored = _from_store(store_of(e), st["missing"], f"{manifest.topic}:{e['topic']}", writer.add)
+                st["from_store"], st["missing"] = stored, st["missing"] - stored
+    except BaseException:
+        writer.abandon()
+        raise
+    replayed = writer.close()
     done = {"parent": parent, "share": share, "topic": manifest.topic, "sequences": manifest.sequences,
-            "drawn": sum(s["drawn"] for s in stats.values()), "replayed": len(rows),
+            "drawn": sum(s["drawn"] for s in stats.values()), "replayed": replayed,
             "topics": stats, "seconds": round(time.perf_counter() - t0, 2),
             "nights": [{k: e.get(k) for k in ("ds", "corpus", "topic", "sequences")} for e in lineage]}
     atomic_write_json(record, done)

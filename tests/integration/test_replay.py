@@ -19,6 +19,7 @@ from stoker.kafka import topics as ktopics
 from stoker.layout import LineLayout, RunLayout
 from stoker.lines.nights import read_night
 from stoker.lines.replay import replay_count
+from stoker.lines.replay_rows import ReplayRows
 from stoker.reports import runs
 from stoker.run import records
 from stoker_airflow.lines import init_args, join_line, keep_replay_store, launch_parent, prepare_replay
@@ -70,14 +71,15 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
         assert want > m1.sequences  # night 2 would replay more than night 1 holds: every record of it, once
         want = m1.sequences
         assert drawn["drawn"] == drawn["replayed"] == want and drawn["topics"][m1.topic]["missing"] == 0
-        rows = np.load(f2.replay)
+        rows = ReplayRows(f2.replay)
+        keys = [rows.key(i).decode() for i in range(len(rows))]
         # what was read is night 1's committed records, as Kafka's own consumer lists them, though some of
         # the drawn offsets were transaction markers
         night_one = {k.decode() for k in committed_keys(bootstrap, m1.topic)}
-        assert sorted(k.removeprefix(f"replay:{m1.topic}:") for k in rows["keys"]) == sorted(night_one)
+        assert sorted(k.removeprefix(f"replay:{m1.topic}:") for k in keys) == sorted(night_one)
         by_key = {m.key().decode(): m for m in koffsets.read_all(kafka_config, m1.topic)}
-        for key, tokens in zip(rows["keys"], rows["tokens"], strict=True):
-            msg = by_key[str(key).removeprefix(f"replay:{m1.topic}:")]
+        for key, tokens in zip(keys, rows.tokens, strict=True):
+            msg = by_key[key.removeprefix(f"replay:{m1.topic}:")]
             assert np.array_equal(tokens, records.decode(msg.value(), msg.headers(), SEQ_LEN).tokens)
         assert prepare_replay(settings, f2, m2, p2, kafka_config) == drawn  # a relaunch reuses the draw
 
@@ -88,7 +90,7 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
         wait_trainer(launch_trainer(two.manifest, f2.folder, kafka_config, 1, *args), f2.folder)  # resumes on 1 rank
         own, replayed, steps = _logged(f2.folder)
         assert sorted(own) == sorted(k.decode() for k in committed_keys(bootstrap, m2.topic))  # each once
-        assert sorted(replayed) == sorted(rows["keys"]) and len(set(replayed)) == want  # each drawn row once
+        assert sorted(replayed) == sorted(keys) and len(set(replayed)) == want  # each drawn row once
         assert 0 < len(first[1]) < want and max(steps) > 5  # spread over the night, not bunched at one end
         summary = json.loads(f2.summary.read_text())
         assert (summary["sequences_consumed"], summary["sequences_replayed"]) == (m2.sequences, want)
@@ -101,8 +103,9 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
         record = read_night(line.night("2026-11-02", m2.corpus))
         assert record["replayed"] == want
 
-        store = np.load(line.night("2026-11-01", m1.corpus).replay_store)["keys"]  # night 1 left a quarter
-        assert len(store) == replay_count(m1.sequences, 0.25) and {str(k) for k in store} <= {
+        kept = ReplayRows(line.night("2026-11-01", m1.corpus).replay_store)  # night 1 left a quarter
+        store = [kept.key(i).decode() for i in range(len(kept))]
+        assert len(store) == replay_count(m1.sequences, 0.25) and set(store) <= {
             f"replay:{m1.topic}:{k}" for k in night_one}
         ktopics.delete_topics(kafka_config, [m1.topic])  # night 1's topic gone: a new draw takes its store's rows
         f3 = two.trainer(m2.topic + ".again")
@@ -111,6 +114,7 @@ def test_a_night_replays_its_share_of_the_earlier_night_exactly_once_across_a_re
         from_store = min(want, len(store))
         assert gone["topics"][m1.topic] == {"drawn": want, "read": 0, "from_store": from_store,
                                             "missing": want - from_store, "other_length": 0}
-        assert gone["replayed"] == from_store and set(np.load(f3.replay)["keys"]) <= set(store)
+        again = ReplayRows(f3.replay)
+        assert gone["replayed"] == from_store and {again.key(i).decode() for i in range(len(again))} <= set(store)
     finally:
         ktopics.delete_topics(kafka_config, topics)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from stoker.exceptions import StokerError
-from stoker.lines.replay import ReplayRows, draw, replay_count, write_rows
+from stoker.lines.replay import draw, replay_count
+from stoker.lines.replay_rows import ReplayRows, write_rows
 from stoker.run.records import PackedSequence
 from training.checkpoint import merge_states
 from training.data.batch import make_batch
@@ -113,8 +114,8 @@ class ListSource:
 
 
 def _rows(tmp_path: Path, n: int) -> ReplayRows:
-    write_rows(tmp_path / "replay.npz", [(b"replay:old:k%03d" % i, _seq(2)) for i in range(n)], SEQ_LEN)
-    return ReplayRows(tmp_path / "replay.npz")
+    write_rows(tmp_path / "replay", [(b"replay:old:k%03d" % i, _seq(2)) for i in range(n)], SEQ_LEN)
+    return ReplayRows(tmp_path / "replay")
 
 
 def _run(mixers: list[ReplayMixer], steps: int | None = None) -> list[list[bytes]]:
@@ -137,7 +138,7 @@ def test_replayed_rows_are_spread_over_the_night_and_every_row_is_trained_once(t
     batches = _run(mixers)
     keys = [k for b in batches for k in b]
     assert len(keys) == len(set(keys)) == 57 + 15
-    assert sorted(k for k in keys if k.startswith(b"replay:")) == sorted(rows.keys[i].encode() for i in range(15))
+    assert sorted(k for k in keys if k.startswith(b"replay:")) == sorted(rows.key(i) for i in range(15))
     for m in mixers:  # each rank's replayed share after every batch is within a batch of its even share
         assert sum(m.replayed[p] for p in m.partitions) == sum(len(m.slots[p]) for p in m.partitions)
     first_half = [k for b in batches[:len(batches) // 2] for k in b]
@@ -165,3 +166,46 @@ def test_a_resume_continues_the_uninterrupted_batches_and_another_world_size_tra
     with pytest.raises(StokerError, match="not this night's draw"):
         other.load_state_dict(state)
     assert with_replay("source", None) == "source"
+
+
+def test_replay_rows_round_trip_through_their_folder_memory_mapped(tmp_path):
+    from stoker.run.records import PackedSequence
+
+    seqs = [(b"replay:t:k%d" % i, PackedSequence(np.arange(i, i + SEQ_LEN + 1, dtype=np.uint32), "t",
+                                                 np.arange(i % 3 + 1, dtype=np.uint32), None if i % 2 else 5))
+            for i in range(7)]
+    assert write_rows(tmp_path / "replay", seqs, SEQ_LEN) == 7
+    rows = ReplayRows(tmp_path / "replay")
+    assert isinstance(rows.tokens, np.memmap) and len(rows) == 7  # mapped, not loaded
+    for i, (key, seq) in enumerate(seqs):
+        got = rows.sequence(i)
+        assert rows.key(i) == key and np.array_equal(got.tokens, seq.tokens) and got.valid == seq.valid
+        assert list(got.doc_starts) == list(seq.doc_starts)
+    assert write_rows(tmp_path / "replay", [], SEQ_LEN) == 0 and len(ReplayRows(tmp_path / "replay")) == 0
+    assert not (tmp_path / "replay.tmp").exists()
+
+
+def test_a_store_an_earlier_stoker_left_as_npz_is_still_read(tmp_path):
+    np.savez(tmp_path / "replay_store.npz", tokens=np.ones((2, SEQ_LEN + 1), np.uint32), valid=np.array([-1, 3]),
+             doc_starts=np.zeros(2, np.uint32), doc_bounds=np.array([0, 1, 2]),
+             keys=np.array(["replay:a:0", "replay:a:1"]))
+    rows = ReplayRows(tmp_path / "replay_store.npz")
+    assert [rows.key(i) for i in range(2)] == [b"replay:a:0", b"replay:a:1"] and rows.sequence(1).valid == 3
+
+
+def test_rows_are_streamed_to_disk_not_held(tmp_path):
+    """The writer holds one row and its file buffers: 4,000 rows of 4,097 ids (65 MB) in well under 16 MB."""
+    import tracemalloc
+
+    from stoker.lines.replay_rows import RowWriter
+    from stoker.run.records import PackedSequence
+
+    tokens = np.zeros(4097, dtype=np.uint32)
+    writer = RowWriter(tmp_path / "replay", 4096)
+    tracemalloc.start()
+    for i in range(4000):
+        writer.add(b"replay:t:%08d" % i, PackedSequence(tokens, "t", np.zeros(2, np.uint32), None))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert writer.close() == 4000 and (tmp_path / "replay" / "tokens.bin").stat().st_size == 4000 * 4097 * 4
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB held while writing"

@@ -1,8 +1,9 @@
 """Replayed rows mixed into a night's batches (``train.replay``; the draw is :mod:`stoker.lines.replay`'s).
 
-The rows drawn from earlier nights (``replay.npz`` in the trainer's folder) are dealt to the partitions of the
-night's topic (row ``j`` to the ``j mod P``-th), so they move with their partition when a resume changes the
-world size, and each partition's count of replayed rows is in the checkpoint beside its offset (``replayed``).
+The rows drawn from earlier nights (``replay/`` in the trainer's folder, memory-mapped: each rank reads only the
+pages of the rows it trains) are dealt to the partitions of the night's topic (row ``j`` to the ``j mod P``-th),
+so they move with their partition when a resume changes the world size, and each partition's count of
+replayed rows is in the checkpoint beside its offset (``replayed``).
 
 A rank spreads its replayed rows evenly over its rows: after ``k`` rows it has replayed ``k * R // (F + R)``
 (``F``: its partitions' own sequences, ``R``: their replay rows), each from the partition that replayed least
@@ -18,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from stoker.exceptions import StokerError
-from stoker.lines.replay import ReplayRows
+from stoker.lines.replay_rows import ReplayRows, rows_present
 from training.data.batch import Batch, concat, make_batch
 
 
 def load_rows(path: Path) -> ReplayRows | None:
-    return ReplayRows(path) if path.is_file() else None
+    return ReplayRows(path) if rows_present(path) else None
 
 
 @dataclass(slots=True)
