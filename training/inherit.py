@@ -36,13 +36,23 @@ def model_folder(init_from: str) -> Path:
     return night.trunk if night.trunk.is_dir() else night.model
 
 
-def load_model(init_from: str, seq_len: int, vocab_size: int) -> Any:
-    """The parent's weights, offline, in fp32 (DeepSpeed casts for bf16 itself)."""
+def load_model(init_from: str, seq_len: int, vocab_size: int, ds_config: dict[str, Any] | None = None) -> Any:
+    """The parent's weights, offline, in fp32 (DeepSpeed casts for bf16 itself).
+
+    Under ZeRO-3 (``ds_config``'s stage) the model is built inside ``deepspeed.zero.Init`` and each weight is
+    loaded into the ranks' shards one at a time: ``from_pretrained`` does both while a ``HfDeepSpeedConfig`` of
+    the run's config is alive. A model that needs ZeRO-3 would not fit a rank whole, as it did before."""
     import torch
     from transformers import AutoModelForCausalLM
 
     folder = model_folder(init_from)
+    zero3: Any = None
+    if ds_config is not None and int(ds_config.get("zero_optimization", {}).get("stage", 0)) == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        zero3 = HfDeepSpeedConfig(ds_config)  # transformers keeps only a weak reference: held until loaded
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
+    del zero3
     cfg = model.config
     if int(cfg.vocab_size) < vocab_size:
         raise ValueError(f"{folder}: the model has {cfg.vocab_size} embeddings but the run's tokenizer has "
@@ -51,9 +61,14 @@ def load_model(init_from: str, seq_len: int, vocab_size: int) -> Any:
     if limit is not None and seq_len > int(limit):
         log.warning("%s: seq_len %d is beyond the model's max_position_embeddings %d", folder, seq_len, limit)
     cfg.use_cache = False
-    log.info("weights from %s (%s, %.1fM parameters)", folder, type(model).__name__,
-             sum(p.numel() for p in model.parameters()) / 1e6)
+    log.info("weights from %s (%s, %.1fM parameters, %.1fM of them on this rank)", folder, type(model).__name__,
+             sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()) / 1e6, held_parameters(model) / 1e6)
     return model
+
+
+def held_parameters(model: Any) -> int:
+    """The parameter elements this rank holds: under ZeRO-3 (``zero.Init``) its partitions, else all of them."""
+    return sum(int(p.ds_tensor.numel()) if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
 
 
 def carry_optimizer(engine: Any, init_from: str | None, recipe: TrainRecipe) -> bool:

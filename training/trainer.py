@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,7 +136,6 @@ class Trainer:
         self.kafka_config = config_from_env()
         self.group_id = args.group_id or consumer_group(self.manifest.topic)
         self.eos_id, self.pad_id = model_ids(self.manifest)
-        model = self._model()
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
         replay = load_rows(self.files.replay)  # train.replay: rows of the line's earlier nights, mixed in
         rows = self.manifest.sequences + (len(replay) if replay is not None else 0)
@@ -143,6 +143,9 @@ class Trainer:
                                                          self.train_config.cooldown_share,
                                                          math.ceil(rows / global_batch),
                                                          inherit.is_night(args.init_from))
+        model = self._model(config)
+        self.held_at_load = inherit.held_parameters(model)
+        """Parameters this rank held once the weights were loaded: under ZeRO-3 its shard, not the model."""
         self._phase(f"starting the DeepSpeed engine (ZeRO {self.recipe.zero_stage}, "
                     f"{'bf16' if self.recipe.bf16 else 'fp32'})")
         self.engine, *_ = deepspeed.initialize(
@@ -168,13 +171,14 @@ class Trainer:
         log.info("rank %d/%d: partitions %s, %d offsets left, starting at step %d", self.rank, self.world,
                  self.source.partitions, self.source.remaining(), self.progress.step)
 
-    def _model(self) -> Any:
-        """The weights the night starts from: its parent's, or the recipe's shape at random."""
+    def _model(self, ds_config: dict[str, Any]) -> Any:
+        """The weights the night starts from: its parent's (under ZeRO-3 loaded straight into each rank's shard),
+        or the recipe's shape at random."""
         from training.model import build_model
 
         if self.args.init_from:
             self._phase(f"loading the weights it continues from {self.args.init_from}")
-            return inherit.load_model(self.args.init_from, self.manifest.seq_len, self.manifest.vocab_size)
+            return inherit.load_model(self.args.init_from, self.manifest.seq_len, self.manifest.vocab_size, ds_config)
         self._phase(f"building the {self.recipe.name} model (random weights)")
         return build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id, self.pad_id)
 
@@ -347,17 +351,19 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         t_start, wait_start = time.perf_counter(), self.source.wait_seconds
         stats: StepStats | None = None
+        ended = False
         self.fork_if_due()  # a night of one step forks before it; a resume at the fork finishes it
         while self.window or self.args.max_steps is None or self.progress.step < self.args.max_steps:
             stats = self.train_step()  # --max-steps inside a window: the window is finished first
             if stats is None:
+                ended = True
                 break
             self.after_step(stats)
             if stats.optimizer_step:
                 self.fork_if_due()
             if self.checkpoint_due(stats) and self.saved_step != self.progress.step:
                 self.checkpoint()
-        if stats is None:  # the data ended (not --max-steps): every sequence of the manifest, exactly
+        if ended:  # the data ended (not --max-steps, 0 included): every sequence of the manifest, exactly
             verify_consumed(self._data_state(), self.manifest)
         if self.saved_step != self.progress.step or not self.data_state or self._offsets_moved():
             self.checkpoint()
@@ -370,11 +376,14 @@ class Trainer:
 
         from training.metrics import plot_loss, read_metrics
 
+        exported = export(self.engine, self.manifest, self.files)  # every rank: ZeRO-3 gathers the weights
         waits = torch.tensor([waited], dtype=torch.float64)
         dist.all_reduce(waits)
-        per_rank: list[Any] = [None] * self.world
+        per_rank: list[Any] = [None] * self.world  # each rank's peak memory includes the export
         dist.all_gather_object(per_rank, {"rank": self.rank, "partitions": self.source.partitions,
-                                          "tokens_this_session": self.progress.rank_tokens})
+                                          "tokens_this_session": self.progress.rank_tokens,
+                                          "parameters_held_at_load": self.held_at_load,
+                                          "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024})
         p, f = self.progress, self.files
         replayed = sum(self.data_state.get("replayed", {}).values())  # rows of earlier nights (train.replay)
         summary = {"steps": p.step, "optimizer_steps": self.engine.global_steps,
@@ -387,7 +396,6 @@ class Trainer:
                    "checkpoint": str(f.checkpoints), "next_offsets": self.data_state["next_offsets"],
                    "world_size": self.world, "ranks": per_rank, "group_id": self.group_id, "topic": self.manifest.topic,
                    "recipe": self.recipe.name, "init_from": self.args.init_from}
-        exported = export(self.engine, self.manifest, f)  # every rank: ZeRO-3 gathers the weights
         if self.rank == 0:
             summary["export"] = str(exported)
             rows = read_metrics(f.metrics)

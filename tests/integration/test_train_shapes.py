@@ -171,3 +171,35 @@ def test_records_deleted_before_training_read_them_fail_the_night(run, tmp_path)
         failure["message"], failure
     committed = koffsets.committed_offsets(kafka_config, "expired", m.topic, range(PARTITIONS))
     assert compute_lag(m.end_offsets(), committed).lag > 0
+
+
+def test_a_zero3_export_is_the_zero0_export_of_the_same_weights(published, tmp_path):
+    """A parent loaded and exported at once (``--max-steps 0``) under ZeRO-0 and ZeRO-3, two ranks each: both
+    exports are the parent's weights, tensor for tensor. Under ZeRO-3 the parent is loaded into each rank's
+    shard (``zero.Init``), never whole on a rank, and exported one layer at a time onto rank 0."""
+    import torch
+    from safetensors.torch import load_file
+
+    from stoker.config.recipes import debug_cpu
+    from training.model import build_model, special_ids
+
+    m, path, kafka_config, _ = published
+    parent = tmp_path / "parent"
+    build_model(debug_cpu(), m.vocab_size, m.seq_len, *special_ids(m)).save_pretrained(parent, safe_serialization=True)
+    weights = load_file(parent / "model.safetensors")
+    total = sum(t.numel() for k, t in weights.items() if not k.endswith("e_score_correction_bias"))  # buffers
+    exports, held, peaks = {}, {}, {}
+    for zero in (0, 3):
+        out = tmp_path / f"zero{zero}"
+        wait_trainer(launch_trainer(path, out, kafka_config, 2, "--init-from", str(parent), "--max-steps", "0",
+                                    "--set", f"zero_stage={zero}", "--group-id", f"export-{zero}"), out)
+        summary = json.loads((out / "train_summary.json").read_text())
+        exports[zero] = load_file(Path(summary["export"]) / "model.safetensors")
+        held[zero] = [r["parameters_held_at_load"] for r in summary["ranks"]]
+        peaks[zero] = [r["peak_rss_mib"] for r in summary["ranks"]]
+    assert exports[0].keys() == exports[3].keys() == weights.keys()
+    for key, tensor in weights.items():
+        assert torch.equal(exports[3][key], exports[0][key]) and torch.equal(exports[0][key], tensor), key
+    assert held[0] == [total, total]  # ZeRO-0: the whole model on each rank
+    assert sum(held[3]) >= total and max(held[3]) < 0.6 * total, held[3]  # ZeRO-3: about half each, from the load
+    print(f"peak RSS per rank, MiB: ZeRO-0 {peaks[0]}, ZeRO-3 {peaks[3]}")
