@@ -67,10 +67,23 @@ class ComposeCluster:
     """The three nodes (each controller and broker) as local processes; nodes can be killed (SIGKILL)
     and started again on their data."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, faulty: bool = False) -> None:
         self.home = home
         compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
         self.props, self.client, self.cluster_id = localised(compose, home)
+        self.proxy_routes: dict[int, tuple[str, int]] = {}
+        """``faulty``: each node's ``FAULTY`` listener, by the proxy port it advertises (tests/support/fault_proxy.py)."""
+        self.faulty_client: dict[str, str] = {}
+        """A client config that reaches every broker only through the proxy (``faulty``)."""
+        if faulty:
+            base = free_ports(2 * len(NODES))
+            for i, name in enumerate(NODES):
+                p, bind, proxy = self.props[name], base + 2 * i, base + 2 * i + 1
+                p["listeners"] += f",FAULTY://127.0.0.1:{bind}"
+                p["advertised.listeners"] += f",FAULTY://127.0.0.1:{proxy}"
+                p["listener.security.protocol.map"] += ",FAULTY:PLAINTEXT"
+                self.proxy_routes[proxy] = ("127.0.0.1", bind)
+            self.faulty_client = {"bootstrap.servers": ",".join(f"127.0.0.1:{port}" for port in self.proxy_routes)}
         self.procs: dict[str, subprocess.Popen] = {}
         self.ids = {int(p["node.id"]): name for name, p in self.props.items()}
 
