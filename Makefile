@@ -48,6 +48,8 @@ help:
 	@echo "make soak   kill -9 workers, jobs, brokers, trainers at random points on a 3-node cluster; count lost"
 	@echo "            and duplicated sequences with Kafka's own reader (TRIALS=12, ~15 min); first the line lease's"
 	@echo "            and the line ledger's state machines through many more random histories (STATE_EXAMPLES=5000)"
+	@echo "            then the publish path through network faults (delays, doubled and late requests, holds past the"
+	@echo "            transaction timeout, cuts), each history checked for anomalies (NETWORK_TRIALS=30, ~45 min)"
 	@echo "make up     the local stack: Kafka, PostgreSQL, Airflow api-server/scheduler/dag-processor/triggerer"
 	@echo "make down   stop exactly what make up started"
 	@echo "make lint   ruff + mypy on the core"
@@ -185,11 +187,13 @@ bench-quality: setup
 bench-gate: setup
 	$(BIN)/python -m bench.sabotage_bench --trials 10
 
-# hard faults at random points on a 3-node cluster, many trials (~1 min each); TRIALS=12 by default
+# hard faults at random points on a 3-node cluster, many trials (~1 min each); TRIALS=12 by default;
+# then network faults on the publish path (~1.5 min each); NETWORK_TRIALS=30 by default
 soak: setup
 	STOKER_STATE_EXAMPLES=$${STATE_EXAMPLES:-5000} $(BIN)/python -m pytest -q tests/unit/test_line_lease_states.py \
 		tests/unit/test_line_ledger_states.py
 	$(BIN)/python -m bench.soak --trials $${TRIALS:-12}
+	$(BIN)/python -m bench.network_soak --trials $${NETWORK_TRIALS:-30}
 
 up: setup stack-deps
 	$(BIN)/stoker up

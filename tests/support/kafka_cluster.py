@@ -8,6 +8,7 @@ fault suite (tests/faults: brokers killed under a publish and under training).""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,11 +73,16 @@ class ComposeCluster:
         compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
         self.props, self.client, self.cluster_id = localised(compose, home)
         self.proxy_routes: dict[int, tuple[str, int]] = {}
-        """``faulty``: each node's ``FAULTY`` listener, by the proxy port it advertises (tests/support/fault_proxy.py)."""
+        """``faulty``: each node's ``FAULTY`` listener, by the proxy port it advertises
+        (tests/support/fault_proxy.py)."""
         self.faulty_client: dict[str, str] = {}
         """A client config that reaches every broker only through the proxy (``faulty``)."""
         if faulty:
+            taken = {int(port) for props in self.props.values() for value in props.values()
+                     for port in re.findall(r"127\.0\.0\.1:(\d+)", value)}
             base = free_ports(2 * len(NODES))
+            while taken & set(range(base, base + 2 * len(NODES))):  # not yet bound: free_ports cannot see them
+                base = free_ports(2 * len(NODES))
             for i, name in enumerate(NODES):
                 p, bind, proxy = self.props[name], base + 2 * i, base + 2 * i + 1
                 p["listeners"] += f",FAULTY://127.0.0.1:{bind}"
