@@ -116,8 +116,10 @@ def apply_decision(run: RunLayout, choice: str) -> None:
     if choice == "hold":
         print(f"  the line's head stays; to promote it anyway: stoker lines decide {line} {m.ds}.{m.corpus} promote")
         return
-    done = human_decision(LineLayout.of(line), m.ds, m.corpus, choice, f"{getpass.getuser()} (stoker refresh "
-                          f"--decision {choice})")
+    from stoker.config.eval import check_decider
+
+    user = check_decider(read_plan(run.plan).corpus.eval.reviewers, getpass.getuser(), choice)
+    done = human_decision(LineLayout.of(line), m.ds, m.corpus, choice, f"{user} (stoker refresh --decision {choice})")
     print(f"  --decision {choice}: night {m.ds}.{m.corpus} of line {line} is now {done['decision']}")
 
 

@@ -66,6 +66,13 @@ class EvalConfig:
     (the trigger form's "Held night"; ``stoker refresh --decision``, which never asks)."""
     approval_timeout_s: int = 86400
     """Seconds the review step waits for a person's answer on a held night; then the night stays held."""
+    reviewers: list[str] = field(default_factory=list)
+    """Airflow users (their user names) who may decide a night the gate held: the review step's only
+    respondents (Airflow's HITL ``assigned_users``), and the only users whose trigger may decide one ahead (the
+    "Held night" param set to promote or roll-back; ``stoker refresh --decision`` is the CLI's user). Empty:
+    whoever Airflow's auth manager lets answer, and any named triggering user. Never anonymous: a run that no
+    named user triggered (a scheduled one) cannot promote or roll back a held night by its params; only the
+    corpus config's own ``review`` can, recorded as that policy."""
     lm_eval_tasks: list[str] = field(default_factory=list)
     """lm-evaluation-harness tasks the evaluate step also runs, on the night's export and on the model it
     continued: their metrics (with standard errors) go to ``eval.json``, the model card and ``stoker runs show``.
@@ -94,6 +101,8 @@ class EvalConfig:
         if not 1 <= self.approval_timeout_s <= APPROVAL_TIMEOUT_MAX_S:
             raise _fail("eval.approval_timeout_s", self.approval_timeout_s,
                         f"must be in [1, {APPROVAL_TIMEOUT_MAX_S}] seconds (30 days)")
+        if any(not isinstance(u, str) or not u.strip() for u in self.reviewers):
+            raise _fail("eval.reviewers", self.reviewers, "must be a list of Airflow user names")
         if any(not isinstance(t, str) or not t.strip() for t in self.lm_eval_tasks):
             raise _fail("eval.lm_eval_tasks", self.lm_eval_tasks, "must be a list of lm-eval task names")
         if self.lm_eval_tasks and self.holdout_per_mille == 0:
@@ -101,3 +110,18 @@ class EvalConfig:
                         "nights that held documents out: set eval.holdout_per_mille above 0 (e.g. 5)")
         if self.lm_eval_limit is not None and self.lm_eval_limit < 1:
             raise _fail("eval.lm_eval_limit", self.lm_eval_limit, "must be at least 1 document (null: all)")
+
+
+def check_decider(reviewers: list[str], user: str | None, choice: str) -> str:
+    """The person deciding a held night ahead (``choice``: the run's ``review`` param, promote or roll-back):
+    named, and one of ``eval.reviewers`` when it lists any. Their name; :class:`ConfigError` otherwise."""
+    from stoker.exceptions import ConfigError
+
+    if not user:
+        raise ConfigError(f"review {choice!r}: a held night is promoted or rolled back only by a named person, and "
+                          "no user triggered this run (a scheduled run): leave review at ask or hold, and decide in "
+                          "the review step or with `stoker lines decide`")
+    if reviewers and user not in reviewers:
+        raise ConfigError(f"review {choice!r}: user {user!r} may not decide a held night of this corpus: "
+                          f"eval.reviewers is {reviewers}; add them there, or leave review at ask or hold")
+    return user

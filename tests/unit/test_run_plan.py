@@ -152,3 +152,44 @@ def test_await_source_refuses_a_source_uri_the_corpus_does_not_allow_before_its_
     assert sensor.poke({}) is True  # the drop itself is ready: only the allow-list refuses it
     with pytest.raises(AirflowFailException, match=r"source.allowed_uri_prefixes \(\['/other'\]\)"):
         sensor.execute({})
+
+
+def _trigger(user: str | None, review: str) -> dict:
+    return {"params": {"review": review}, "ti": SimpleNamespace(try_number=1),
+            "dag_run": SimpleNamespace(triggering_user_name=user)}
+
+
+def test_a_held_night_is_decided_ahead_only_by_a_named_allowed_user_and_never_anonymously(corpus):
+    """The "Held night" param set to promote or roll-back is the triggering user's decision: refused before Spark
+    for a run no user triggered, or a user eval.reviewers leaves out; recorded under their name otherwise."""
+    import yaml as _yaml
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from stoker.run.plan import read_plan
+    from stoker_airflow.operators.publish import TokenizePublishOperator
+    from stoker_airflow.operators.review import decided_ahead
+
+    op = TokenizePublishOperator(task_id="t", corpus_path=str(corpus), ds="2026-12-03")
+    with pytest.raises(AirflowFailException, match=r"review 'promote': .* only by a named person, and no user "
+                                                   r"triggered this run"):
+        op.plan(_trigger(None, "promote"))
+    plan = op.plan(_trigger("alice", "promote"))  # no eval.reviewers: any named user
+    assert decided_ahead(read_plan(plan.run.plan), _trigger("alice", "promote")) == (
+        "promote", "alice, by the run's eval.review (promote) when they triggered it", True)
+    held = op.plan(_trigger(None, "hold"))  # a hold decides nothing: any run may set it
+    assert decided_ahead(held, _trigger(None, "hold")) == ("hold", "the run's eval.review (hold)", False)
+    assert decided_ahead(op.plan(_trigger(None, "ask")), _trigger(None, "ask")) is None
+
+    data = _yaml.safe_load(corpus.read_text())
+    data["eval"] = {"reviewers": ["bob"]}
+    corpus.write_text(_yaml.safe_dump(data))
+    with pytest.raises(AirflowFailException, match=r"user 'alice' may not decide a held night of this corpus: "
+                                                   r"eval.reviewers is \['bob'\]"):
+        op.plan(_trigger("alice", "roll-back"))
+    assert decided_ahead(op.plan(_trigger("bob", "roll-back")), _trigger("bob", "roll-back"))[:2] == (
+        "roll-back", "bob, by the run's eval.review (roll-back) when they triggered it")
+
+    data["eval"]["review"] = "promote"  # the corpus config's own policy: no person, recorded as the policy
+    corpus.write_text(_yaml.safe_dump(data))
+    assert decided_ahead(op.plan(_trigger(None, "promote")), _trigger(None, "promote")) == (
+        "promote", f"the corpus config's eval.review (promote: {corpus})", False)

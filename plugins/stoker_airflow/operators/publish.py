@@ -81,11 +81,13 @@ class TokenizePublishOperator(SparkSubmitOperator):
 
         from stoker.exceptions import ConfigError
         from stoker.run.plan import RUN_PARAMS, plan_run
+        from stoker_airflow.operators.review import decided_ahead
 
         given = context.get("params") or {}
         params = {p.name: given[p.name] for p in RUN_PARAMS if p.name in given}
         try:
             plan = plan_run(self.corpus_path, self.ds, params, attempt=context["ti"].try_number)
+            decided_ahead(plan, context)  # a held night's decision by the run's params: a named, allowed user
         except ConfigError as e:
             raise AirflowFailException(str(e)) from None
         plan.parent = check_before_publish(plan.corpus, self.ds).to_dict()  # before any data moves

@@ -4,8 +4,11 @@
 ``eval.review: ask`` (the default), it waits in Airflow's *Required actions* (the UI, or the REST API's
 ``hitlDetails``) for a person to choose **Promote**, **Hold** or **Roll back**, with the figures that stopped
 the night in front of them; when nobody answers within ``eval.approval_timeout_s`` the scheduler takes the
-default, **Hold**, and the night stays held. With ``hold``, ``promote`` or ``roll-back`` (a run param:
-``stoker refresh --decision``) it decides without asking, so a terminal never waits on a question.
+default, **Hold**, and the night stays held; with ``eval.reviewers`` only those users may answer. With
+``hold``, ``promote`` or ``roll-back`` it decides without asking, so a terminal never waits on a question: as the
+corpus config's own policy, or as a run param (the trigger form, ``stoker refresh --decision``), which is the
+triggering user's decision, recorded under their name and refused unless a named user allowed by
+``eval.reviewers`` triggered the run (:func:`decided_ahead`; the publish task checks it first, before Spark).
 
 A person's choice goes through :func:`stoker.lines.gate.human_decision`, as ``stoker lines decide`` does: recorded
 with who and why in the night's record and model card, and refused (this step fails, the night stays held)
@@ -41,6 +44,34 @@ def figures_markdown(result: dict[str, Any], decision: dict[str, Any], line: str
     return "\n".join(out)
 
 
+def triggering_user(context: Any) -> str | None:
+    """Who triggered the run: Airflow's ``triggering_user_name``; for ``dag.test()`` (``stoker refresh``, in the
+    CLI's own process) the CLI's user. None for a scheduled run."""
+    import getpass
+
+    name = getattr(context.get("dag_run"), "triggering_user_name", None)
+    return getpass.getuser() if name == "dag_test" else name
+
+
+def decided_ahead(plan: Any, context: Any) -> tuple[str, str, bool] | None:
+    """A run that decides a held night without asking: its choice, who (recorded in the line's ledger) and whether
+    a person chose. None when it asks. The corpus config's own ``eval.review`` is its policy; a run param that
+    changes it to promote or roll-back is the triggering user's decision, refused (:class:`ConfigError`) unless
+    a named user allowed by ``eval.reviewers`` triggered the run."""
+    from stoker.config.corpus import load_corpus
+    from stoker.config.eval import check_decider
+
+    review = str(plan.corpus.eval.review.value)
+    if review == "ask":
+        return None
+    if review == load_corpus(plan.corpus_path).eval.review:
+        return review, f"the corpus config's eval.review ({review}: {plan.corpus_path})", False
+    if review == "hold":  # the gate's hold stands: nobody's decision
+        return review, "the run's eval.review (hold)", False
+    user = check_decider(plan.corpus.eval.reviewers, triggering_user(context), review)
+    return review, f"{user}, by the run's eval.review ({review}) when they triggered it", True
+
+
 def who_answered(event: dict[str, Any], timeout_s: int) -> str:
     """The person who answered, or that nobody did (the scheduler took the default)."""
     user = event.get("responded_by_user") or {}
@@ -70,16 +101,26 @@ class NightReviewOperator(HITLOperator):
         decision = (result.get("decision") or {}).get("decision")
         if decision != "held":
             raise AirflowSkipException(f"the gate's decision: {decision or 'none (no evaluation)'}; nothing to review")
-        cfg = read_plan(run.plan).corpus
-        return cfg, read_manifest(self.manifest_path), cfg.train, result
+        plan = read_plan(run.plan)
+        return plan, read_manifest(self.manifest_path), plan.corpus.train, result
 
     def execute(self, context: Any) -> Any:
-        cfg, m, train, result = self._held()
-        night = f"{m.ds}.{m.corpus}"
-        if cfg.eval.review != "ask":
-            self.apply(cfg.eval.review, f"the run's eval.review ({cfg.eval.review}), without asking", train, m,
-                       context["ti"])
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from stoker.exceptions import ConfigError
+
+        plan, m, train, result = self._held()
+        cfg, night = plan.corpus, f"{m.ds}.{m.corpus}"
+        try:
+            ahead = decided_ahead(plan, context)
+        except ConfigError as e:
+            raise AirflowFailException(f"night {night} stays held: {e}") from None
+        if ahead is not None:
+            choice, who, person = ahead
+            self.apply(choice, who, train, m, context["ti"], person=person)
             return None
+        if cfg.eval.reviewers:  # only they may answer (Airflow checks the respondent)
+            self.assigned_users = [{"id": u, "name": u} for u in cfg.eval.reviewers]
         self.subject = f"Night {night} of line {train.line} was held by the gate: promote, hold or roll back?"
         self.body = figures_markdown(result, result["decision"], train.line, night)
         self.response_timeout = timedelta(seconds=cfg.eval.approval_timeout_s)
@@ -89,9 +130,9 @@ class NightReviewOperator(HITLOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         ret = super().execute_complete(context=context, event=event)
-        cfg, m, train, _ = self._held()
+        plan, m, train, _ = self._held()
         choice = OPTIONS[ret["chosen_options"][0]]
-        self.apply(choice, who_answered(ret, cfg.eval.approval_timeout_s), train, m, context["ti"],
+        self.apply(choice, who_answered(ret, plan.corpus.eval.approval_timeout_s), train, m, context["ti"],
                    person=bool(ret.get("responded_by_user")))
         return {"decision": choice}
 
