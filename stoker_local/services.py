@@ -130,8 +130,7 @@ def airflow_stack_env(s: LocalStack) -> dict[str, str]:
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__API__SECRET_KEY": sec["api_secret_key"],
         "AIRFLOW__API_AUTH__JWT_SECRET": sec["jwt_secret"],
-        "AIRFLOW__CORE__AUTH_MANAGER":
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__AUTH_MANAGER": "stoker_airflow.auth.StokerAuthManager",  # SimpleAuthManager + DAG lists
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(s.passwords_file),

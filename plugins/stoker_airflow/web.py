@@ -7,7 +7,11 @@
 * ``/stoker/runs/<corpus>/<ds>/loss.png``    the trainer's loss curve
 * ``/stoker/dag-runs/<dag_id>/<run_id>``     the run of an Airflow DAG run (the "Run summary" tab)
 
-Every route requires a logged-in Airflow user (the UI's session cookie or a bearer token).
+Every route requires a logged-in Airflow user (the UI's session cookie or a bearer token), and a run's pages
+a user whom Airflow's auth manager lets read that corpus's DAG's task logs (a run page shows quarantined raw
+records, as sensitive as the logs): 403 otherwise, in the browser and over REST alike. The index lists only
+the runs of DAGs the user may read. The auth manager decides (SimpleAuthManager's roles, FAB's or Keycloak's
+per-DAG permissions; the local stack's :class:`stoker_airflow.auth.StokerAuthManager` adds per-user DAG lists).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
@@ -24,13 +29,40 @@ from stoker.layout import RunLayout
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
-async def require_login(request: Request) -> None:
+async def require_login(request: Request) -> Any:
     """A logged-in Airflow user: a bearer token, else the UI's session cookie (401/403 otherwise)."""
     from airflow.api_fastapi.core_api.security import COOKIE_NAME_JWT_TOKEN, resolve_user_from_token
 
     auth = request.headers.get("authorization", "")
     token = auth[7:] if auth.lower().startswith("bearer ") else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
-    await resolve_user_from_token(token)
+    user = await resolve_user_from_token(token)
+    request.state.stoker_user = user
+    return user
+
+
+def may_read(user: Any, dag_id: str) -> bool:
+    """Whether the auth manager lets ``user`` read ``dag_id``'s task logs (what a run page shows)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    return get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.TASK_LOGS,
+                                                details=DagDetails(id=dag_id), user=user)
+
+
+def require_dag(request: Request, dag_id: str) -> None:
+    if not may_read(request.state.stoker_user, dag_id):
+        raise HTTPException(403, f"user {request.state.stoker_user.get_name()!r} may not read DAG {dag_id!r}'s "
+                                 "runs: its task logs are not theirs to see (ask an admin for access to the DAG)")
+
+
+def _corpus_run(request: Request, corpus: str, ds: str) -> Path:
+    """A run's folder, for a user who may read its corpus's DAG."""
+    from stoker.run.plan import refresh_dag
+
+    if not (_SAFE.match(corpus) and _SAFE.match(ds)):
+        raise HTTPException(400, f"bad run reference {corpus!r}/{ds!r}")
+    require_dag(request, refresh_dag(corpus))
+    return _run_dir(corpus, ds)
 
 
 def _run_dir(corpus: str, ds: str) -> Path:
@@ -114,11 +146,16 @@ def create_app() -> FastAPI:
     app = FastAPI(title="Stoker runs", dependencies=[Depends(require_login)])
 
     @app.get("/", response_class=HTMLResponse)
-    def index() -> HTMLResponse:
+    def index(request: Request) -> HTMLResponse:
         from stoker.reports.runs import all_runs, summary
+        from stoker.run.plan import refresh_dag
 
-        rows = []
+        rows: list[str] = []
+        readable: dict[str, bool] = {}  # corpus -> the user may read its DAG (asked once per corpus)
         for d in all_runs():
+            corpus = d.parent.name
+            if readable.setdefault(corpus, may_read(request.state.stoker_user, refresh_dag(corpus))) is False:
+                continue
             try:
                 s = summary(d)
             except Exception:  # noqa: BLE001 - a run still publishing has no manifest
@@ -133,33 +170,35 @@ def create_app() -> FastAPI:
         return _page("Stoker runs", table)
 
     @app.get("/runs/{corpus}/{ds}", response_class=HTMLResponse)
-    def run_page(corpus: str, ds: str) -> HTMLResponse:
-        return _summary_html(_run_dir(corpus, ds))
+    def run_page(request: Request, corpus: str, ds: str) -> HTMLResponse:
+        return _summary_html(_corpus_run(request, corpus, ds))
 
     @app.get("/runs/{corpus}/{ds}/summary.json")
-    def run_json(corpus: str, ds: str) -> JSONResponse:
+    def run_json(request: Request, corpus: str, ds: str) -> JSONResponse:
         from stoker.reports.runs import summary
 
-        return JSONResponse(summary(_run_dir(corpus, ds)))
+        return JSONResponse(summary(_corpus_run(request, corpus, ds)))
 
     @app.get("/runs/{corpus}/{ds}/loss.png")
-    def loss_png(corpus: str, ds: str) -> FileResponse:
+    def loss_png(request: Request, corpus: str, ds: str) -> FileResponse:
         from stoker.reports.runs import summary
 
-        t = summary(_run_dir(corpus, ds)).get("training") or {}
+        t = summary(_corpus_run(request, corpus, ds)).get("training") or {}
         if not t.get("loss_curve") or not Path(t["loss_curve"]).is_file():
             raise HTTPException(404, f"run {corpus}/{ds} has no loss curve yet: training has not finished")
         return FileResponse(t["loss_curve"], media_type="image/png")
 
     @app.get("/dag-runs/{dag_id}/{run_id}/loss.png")
-    def dag_run_loss(dag_id: str, run_id: str) -> FileResponse:
+    def dag_run_loss(request: Request, dag_id: str, run_id: str) -> FileResponse:
+        require_dag(request, dag_id)
         d = run_for_dag_run(dag_id, run_id)
         if d is None:
             raise HTTPException(404, f"{dag_id} {run_id} has not published yet")
-        return loss_png(d.parent.name, d.name)
+        return loss_png(request, d.parent.name, d.name)
 
     @app.get("/dag-runs/{dag_id}/{run_id}", response_class=HTMLResponse)
-    def dag_run_page(dag_id: str, run_id: str) -> HTMLResponse:
+    def dag_run_page(request: Request, dag_id: str, run_id: str) -> HTMLResponse:
+        require_dag(request, dag_id)
         d = run_for_dag_run(dag_id, run_id)
         if d is None or not RunLayout(d).manifest.is_file():
             return _page(f"{dag_id} {run_id}", "<p>This run has not published yet: its summary appears once "
