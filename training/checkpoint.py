@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,27 @@ resume refuses any other, naming both versions, as a run plan of another version
 _VERSION_KEY = "stoker_version"
 
 
+KILL_IN_SAVE_ENV = "STOKER_FAULT_KILL_IN_SAVE"
+"""Testing only: the step at which rank 0 is killed (SIGKILL) inside DeepSpeed's ``save_checkpoint``, once its
+first file is on disk and before the rest (tests/integration/test_train_shapes.py); unset, nothing happens."""
+
+
+def _kill_inside_save_if_asked(engine: Any, step: int) -> None:
+    import torch.distributed as dist
+
+    if os.environ.get(KILL_IN_SAVE_ENV) != str(step) or dist.get_rank() != 0:
+        return
+    writer = engine.checkpoint_engine
+    first = writer.save
+
+    def save_then_die(state_dict: Any, path: str) -> None:
+        first(state_dict, path)
+        log.warning("%s=%d: killing rank 0 inside save_checkpoint, after %s", KILL_IN_SAVE_ENV, step, path)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    writer.save = save_then_die
+
+
 def save(engine: Any, step: int, ckpt_dir: Path, *, slots: dict[str, dict[str, Any]],
          kafka_config: dict[str, Any] | None, group_id: str, keep: int) -> dict[str, Any]:
     """Save DeepSpeed's state and ``slots`` (``data``: the ranks' merged data state, the same on every
@@ -64,6 +86,7 @@ def save(engine: Any, step: int, ckpt_dir: Path, *, slots: dict[str, dict[str, A
         shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
     dist.barrier()
     client = {_SLOTS_KEY: dict(slots), _VERSION_KEY: CHECKPOINT_VERSION, "step": step}
+    _kill_inside_save_if_asked(engine, step)
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client)
     dist.barrier()  # every rank's shards are on disk: only now is the tag complete
     if node_leader:  # each node's leader (nodes may share the folder: a temporary file of its own each)

@@ -217,3 +217,36 @@ def test_a_dead_namenode_rpc_port_fails_the_spark_read_in_seconds(spark, kafka_c
     assert time.monotonic() - t0 < 60
     assert not (tmp_path / "run" / "manifest.json").exists()
     assert topic not in ktopics.list_topics(kafka_config, "stoker.deadrpc")
+
+
+@pytest.mark.parametrize("kind", ["s3", "hdfs"])
+def test_an_object_rewritten_between_the_passes_fails_the_attempt(kind, spark, kafka_config, small_cfg, request,
+                                                                  tmp_path):
+    """As tests/integration/test_tokenize_publish.py does for a local file, for an S3 object (its ETag, asked with
+    ``If-Match``) and an HDFS file (its modification time): re-delivered between the index pass and the pack pass
+    with other bytes of the same length (so its size says nothing), it fails the attempt, named; no manifest."""
+    from spark_jobs.tokenize_publish import pack_publish, prepare, stage
+    from stoker.layout import RunLayout, tasks_topic
+
+    files = _night_files(Path(small_cfg.source.uri))[NIGHTS[1]]
+    if kind == "s3":
+        store, root, cfg = request.getfixturevalue("s3_env").store(), f"s3://corpora/{tmp_path.name}/rw", \
+            _s3_cfg(small_cfg)
+    else:
+        hdfs = request.getfixturevalue("hdfs")
+        store, root = hdfs.store(), hdfs.uri(f"/{tmp_path.name}/rw")
+        cfg = dataclasses.replace(small_cfg, source=dataclasses.replace(small_cfg.source, webhdfs_url=hdfs.webhdfs_url))
+    _upload(store, root, {NIGHTS[1]: files}, marker_for=(NIGHTS[1],))
+    cfg = dataclasses.replace(cfg, source=dataclasses.replace(cfg.source, uri=root + "/{ds}"))
+    run, topic = RunLayout(tmp_path / "run"), f"stoker.rw{kind}.20261201.a1"
+    inputs = prepare(spark, cfg, NIGHTS[1], run, kafka_config)
+    staged = stage(spark, cfg, inputs)
+    rewritten = files["a.jsonl"].replace(b"e", b"E", 3)
+    assert len(rewritten) == len(files["a.jsonl"]) and rewritten != files["a.jsonl"]
+    time.sleep(0.01)  # HDFS keeps modification times in milliseconds
+    store.put(f"{root}/{NIGHTS[1]}/a.jsonl", rewritten)
+    how = r"its ETag is no longer" if kind == "s3" else r"\d+ bytes, modified \S+ when listed; now \d+ bytes"
+    with pytest.raises(Exception, match=rf"a.jsonl changed while this run read it \({how}"):
+        pack_publish(spark, staged, cfg, inputs, topic, kafka_config, fail=None)
+    assert not run.manifest.exists()
+    ktopics.delete_topics(kafka_config, [topic, tasks_topic(topic)])

@@ -203,3 +203,32 @@ def test_a_zero3_export_is_the_zero0_export_of_the_same_weights(published, tmp_p
     assert held[0] == [total, total]  # ZeRO-0: the whole model on each rank
     assert sum(held[3]) >= total and max(held[3]) < 0.6 * total, held[3]  # ZeRO-3: about half each, from the load
     print(f"peak RSS per rank, MiB: ZeRO-0 {peaks[0]}, ZeRO-3 {peaks[3]}")
+
+
+def test_a_trainer_killed_inside_save_checkpoint_resumes_from_the_complete_one_before(published, tmp_path,
+                                                                                       monkeypatch):
+    """Rank 0 dies (SIGKILL) inside DeepSpeed's save_checkpoint of step 6, its model states written and its
+    optimizer's not: the half-saved tag is never complete, the relaunch resumes from step 3 (the last complete
+    one), saves step 6 again whole, and every key is trained once."""
+    from stoker.layout import CHECKPOINT_COMPLETE
+    from training.checkpoint import KILL_IN_SAVE_ENV
+
+    m, path, kafka_config, reference = published
+    out, shape = tmp_path / "train", ["--checkpoint-every", "3", "--group-id", "save-kill"]
+    monkeypatch.setenv(KILL_IN_SAVE_ENV, "6")
+    proc = launch_trainer(path, out, kafka_config, 2, *shape)
+    assert proc.wait(timeout=600) != 0, launch_logs(out)
+    half = out / "checkpoints" / "step00000006"
+    assert half.is_dir() and any(half.iterdir()) and not (half / CHECKPOINT_COMPLETE).exists(), launch_logs(out)
+    assert resume_step(out) == 3
+    first = [k for r in rows(out) if r["step"] <= 3 for k in r["keys"]]
+    for f in out.glob("keys.*.jsonl"):
+        f.rename(f.with_suffix(".first"))
+
+    monkeypatch.delenv(KILL_IN_SAVE_ENV)
+    wait_trainer(launch_trainer(path, out, kafka_config, 2, *shape), out)
+    second = rows(out)
+    assert min(r["step"] for r in second) == 4, launch_logs(out)
+    assert sorted(first + [k for r in second for k in r["keys"]]) == reference  # every key once
+    tags = sorted(d.name for d in (out / "checkpoints").iterdir() if d.is_dir())
+    assert all((out / "checkpoints" / t / CHECKPOINT_COMPLETE).is_file() for t in tags), tags
