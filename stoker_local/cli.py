@@ -160,8 +160,17 @@ def _decide(args: argparse.Namespace) -> int:
     from stoker.lines.gate import human_decision
 
     ds, _, corpus = args.night.partition(".")
+    user = getpass.getuser()
+    if args.choice != "hold":  # eval.reviewers of the night's corpus, when its config is here: the CLI's user too
+        from stoker import paths
+        from stoker.config.corpus import load_corpus
+        from stoker.config.eval import check_decider
+
+        config = paths.corpora_dir() / f"{corpus or args.line}.yaml"
+        if config.is_file():
+            check_decider(load_corpus(config).eval.reviewers, user, args.choice)
     decision = human_decision(LineLayout.of(args.line), ds, corpus or args.line, args.choice,
-                              f"{getpass.getuser()} (stoker lines decide)", args.why or "")
+                              f"{user} (stoker lines decide)", args.why or "")
     print(f"night {ds}.{corpus or args.line} of line {args.line}: {decision['decision']} by {decision['by']}")
     return 0
 

@@ -27,3 +27,19 @@ def test_a_refresh_backfill_gets_the_corpus_limit():
 ])
 def test_other_commands_pass_through_untouched(argv):
     assert backfill_limits(argv) == argv
+
+
+def test_stoker_lines_decide_is_refused_to_a_user_the_corpus_reviewers_leave_out(tmp_path, monkeypatch, capsys):
+    """The CLI's user is the deciding person: with eval.reviewers set, only they may promote or roll back."""
+    import getpass
+    import json
+
+    from stoker_local.cli import main
+
+    (tmp_path / "web.yaml").write_text(json.dumps({
+        "name": "web", "source": {"uri": "/data/web"}, "tokenizer": {"path": "/t.json"},
+        "eval": {"reviewers": [f"not-{getpass.getuser()}"]}}))
+    monkeypatch.setenv("STOKER_CORPORA", str(tmp_path))
+    assert main(["lines", "decide", "web", "2026-12-01.web", "promote"]) != 0
+    assert f"user '{getpass.getuser()}' may not decide a held night of this corpus: eval.reviewers is" in \
+        capsys.readouterr().err
