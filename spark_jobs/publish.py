@@ -189,7 +189,7 @@ def publish_partition(
     tx.fresh()  # fences and aborts earlier attempts
     done = find_done(config, topic, spark_partition, task_partitions)
     if done is not None and done.final:
-        tx.retire()
+        tx.retire(clean=True)
         done.reused, done.attempt = True, attempt
         yield done
         return
@@ -265,7 +265,7 @@ class _Transactions:
             self.retire()  # its outcome may be unknown: never used again, whatever the error said
             raise
         self.started, self.count = None, self.count + 1
-        self.retire()  # the next transaction begins on a new producer, with a new epoch
+        self.retire(clean=True)  # the next transaction begins on a new producer, with a new epoch
 
     def abandon(self) -> None:
         """After a failure inside a transaction: abort it where the producer is still sound (an abort that
@@ -275,14 +275,17 @@ class _Transactions:
                 self.producer.abort_transaction(30)
         self.retire()
 
-    def retire(self) -> None:
-        """Close the producer: after a commit, it has nothing left to send; otherwise what it still holds is
-        purged first, so that nothing of its transaction is sent after the task has given up on it."""
+    def retire(self, clean: bool = False) -> None:
+        """Let the producer go. ``clean`` (after its commit): closed, nothing is left to send. Otherwise what it
+        still holds is purged, so nothing of its transaction is sent after the task gave up on it, and it is
+        dropped without ``close()``, which would abort its transaction (a request whose answer may never come);
+        Spark's retry fences it."""
         if self.producer is not None:
             producer, self.producer, self.started = self.producer, None, None
             with contextlib.suppress(Exception):
                 producer.purge()
-                producer.close()
+                if clean:
+                    producer.close()
 
 
 def _produce(producer: Any, topic: str, partition: int, key: bytes, value: bytes, headers: Any) -> None:
