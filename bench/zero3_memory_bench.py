@@ -3,13 +3,13 @@
     .stoker/venv/bin/python -m bench.zero3_memory_bench [--hidden 1024] [--layers 6] [--experts 16]
                                                        [--tree PATH]
 
-A parent model of the DeepSeek-V3 shape given (about 190 M parameters, 0.75 GB in fp32, at the defaults) is
-saved as a Hugging Face folder; the trainer (two ranks, gloo on the CPU) starts from it with ``--max-steps 1``,
-so it does what a night does around its training and one step: load the parent, start the engine, one step
-(gradients and the optimizer's state exist), a checkpoint and the export. (One step, not none: an earlier
-Stoker took ``--max-steps 0`` for the end of the data.) Each rank's resident set is sampled every 50 ms
-(psutil), and its peak printed, with the wall time. ``--tree`` runs another checkout's trainer (an earlier Stoker) against the same parent and topic, for
-the before/after comparison in BENCHMARKS.md. Needs `make setup`.
+A parent model of the DeepSeek-V3 shape given (about 190 M parameters, 0.75 GB in fp32, at the defaults) is saved
+as a Hugging Face folder; the trainer (two ranks, gloo on the CPU) starts from it with ``--max-steps 1``, so it
+does what a night does around its training and one step: load the parent, start the engine, one step (gradients
+and the optimizer's state exist), a checkpoint and the export. (One step, not none: an earlier Stoker took
+``--max-steps 0`` for the end of the data.) Each rank's resident set is sampled every 50 ms (psutil), and its peak
+printed, with the wall time. ``--tree`` runs another checkout's trainer (an earlier Stoker) against the same
+parent and topic, for the before/after comparison in BENCHMARKS.md. Needs `make setup`.
 """
 
 from __future__ import annotations
