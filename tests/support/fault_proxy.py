@@ -82,12 +82,14 @@ class FaultProxy:
 
     def stop(self) -> None:
         async def close() -> None:
-            for copy in list(self._pending):
-                copy.cancel()
             for s in self._servers:
                 s.close()
             for w in list(self._writers):
-                w.close()
+                w.transport.abort()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:  # connections and late copies: ended here, not destroyed pending
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
@@ -119,6 +121,11 @@ class FaultProxy:
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
                      target: tuple[str, int]) -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # stop() ends every connection: not an error
+            await self._connection(client_r, client_w, target)
+
+    async def _connection(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                          target: tuple[str, int]) -> None:
         self.stats.connections += 1
         try:
             broker_r, broker_w = await asyncio.open_connection(*target)
@@ -166,8 +173,8 @@ class FaultProxy:
 
     async def _late(self, frame: bytes, target: tuple[str, int], after: float) -> None:
         """``frame`` again, ``after`` seconds on, on a new connection to the broker; its response read and dropped."""
-        await asyncio.sleep(after)
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.sleep(after)
             reader, writer = await asyncio.open_connection(*target)
             try:
                 writer.write(frame)
