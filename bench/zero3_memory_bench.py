@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--tree", type=Path, default=paths.project_root())
+    ap.add_argument("--run-dir", type=Path, help="a published run (manifest and plan) to train on; default: one made "
+                                                  "here (an earlier Stoker's trainer may need a plan of its own)")
     args = ap.parse_args()
     import dataclasses
 
@@ -87,7 +89,7 @@ def main() -> int:
 
     config = broker.up().client_config()
     work = paths.state_dir() / "bench" / "zero3-memory"
-    manifest = work / "run" / "manifest.json"
+    manifest = (args.run_dir.resolve() if args.run_dir else work / "run") / "manifest.json"
     parent = work / f"parent-h{args.hidden}-l{args.layers}-e{args.experts}"
     tokenizer = paths.state_dir() / "tokenizers" / "sample-bpe-8192" / "tokenizer.json"
     if not manifest.is_file():
