@@ -44,7 +44,7 @@ def app(monkeypatch, tmp_path):
     def token(name: str, role: str) -> str:
         return manager.generate_jwt(SimpleAuthManagerUser(username=name, role=role))
 
-    yield TestClient(create_app()), token
+    yield TestClient(create_app()), token, manager
     airflow_app.purge_cached_app()
 
 
@@ -53,7 +53,9 @@ PAGES = [f"/runs/{CORPUS}/{DS}", f"/runs/{CORPUS}/{DS}/summary.json", f"/runs/{C
 
 
 def test_a_user_limited_to_another_dag_gets_403_on_every_run_page(app):
-    client, token = app
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    client, token, manager = app
     other = {"Authorization": f"Bearer {token('other', 'viewer')}"}
     for page in PAGES:
         res = client.get(page, headers=other)
@@ -61,10 +63,16 @@ def test_a_user_limited_to_another_dag_gets_403_on_every_run_page(app):
         assert f"may not read DAG 'refresh_{CORPUS}'" in res.json()["detail"] and "secret raw bytes" not in res.text
     index = client.get("/", headers=other)
     assert index.status_code == 200 and f"{CORPUS}/{DS}" not in index.text
+    # Airflow's own UI and REST API filter their DAG lists the same way (the base manager asks is_authorized_dag)
+    dags = {f"refresh_{CORPUS}", "refresh_sample"}
+    def readable(name: str) -> set[str]:
+        return manager.filter_authorized_dag_ids(dag_ids=dags, user=SimpleAuthManagerUser(username=name, role="viewer"))
+
+    assert readable("other") == {"refresh_sample"} and readable("everyone") == dags
 
 
 def test_a_viewer_of_every_dag_reads_them_and_no_token_is_401(app):
-    client, token = app
+    client, token, _ = app
     everyone = {"Authorization": f"Bearer {token('everyone', 'viewer')}"}
     assert client.get(f"/runs/{CORPUS}/{DS}/summary.json", headers=everyone).json()["run_id"] == f"{CORPUS}/{DS}"
     assert client.get(f"/runs/{CORPUS}/{DS}", headers=everyone).status_code == 200
