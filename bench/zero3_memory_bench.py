@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from stoker import paths
+from stoker.layout import RunLayout
 
 
 def _sample(proc: subprocess.Popen, peaks: dict[int, int], stop: threading.Event) -> None:
@@ -49,7 +50,7 @@ def run_variant(tree: Path, manifest: Path, out: Path, parent: Path, zero: int, 
            "PYTHONPATH": str(tree), "STOKER_HOME": str(paths.state_dir()), **paths.torch_build_env()}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
            str(free_ports(1)), str(tree / "training" / "train.py"), "--manifest", str(manifest),
-           "--plan", str(manifest.parent / "plan.json"), "--out", str(out), "--micro-batch-size", "2",
+           "--plan", str(RunLayout.of_manifest(manifest).plan), "--out", str(out), "--micro-batch-size", "2",
            "--init-from", str(parent), "--max-steps", "1", "--set", f"zero_stage={zero}", "--group-id",
            f"zero3-bench-{time.time_ns()}"]
     out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +67,7 @@ def run_variant(tree: Path, manifest: Path, out: Path, parent: Path, zero: int, 
     if rc != 0:
         sys.exit(f"ZeRO-{zero} in {tree} failed:\n{(out / 'launch.log').read_text()[-3000:]}")
     return {"zero": zero, "tree": str(tree), "seconds": round(time.perf_counter() - t0, 1),
-            "peak_rss_mib": sorted(v // 2**20 for v in peaks.values())}
+            "peak_rss_mib": sorted(v // 2**20 for v in peaks.values() if v >= 2**20)}  # not a helper gone at once
 
 
 def main() -> int:
@@ -89,7 +90,7 @@ def main() -> int:
 
     config = broker.up().client_config()
     work = paths.state_dir() / "bench" / "zero3-memory"
-    manifest = (args.run_dir.resolve() if args.run_dir else work / "run") / "manifest.json"
+    manifest = RunLayout(args.run_dir.resolve() if args.run_dir else work / "run").manifest
     parent = work / f"parent-h{args.hidden}-l{args.layers}-e{args.experts}"
     tokenizer = paths.state_dir() / "tokenizers" / "sample-bpe-8192" / "tokenizer.json"
     if not manifest.is_file():

@@ -53,6 +53,7 @@ def _faults(proxy: FaultProxy, rng: random.Random, done: threading.Event, log: l
 def network_trial(cluster: ComposeCluster, proxy: FaultProxy, corpus: Path, run_dir: Path, topic: str,
                   rng: random.Random) -> dict[str, Any]:
     """Publish ``corpus`` through ``proxy`` with faults; the outcome, the faults and the anomalies found."""
+    from stoker.layout import RunLayout
     from stoker.run.manifest import read_manifest
 
     t0 = time.monotonic()
@@ -71,7 +72,7 @@ def network_trial(cluster: ComposeCluster, proxy: FaultProxy, corpus: Path, run_
         if faults.is_alive():
             faults.join(30)
         proxy.set()
-    manifest = read_manifest(run_dir) if (run_dir / "manifest.json").is_file() else None
+    manifest = read_manifest(run_dir) if RunLayout(run_dir).manifest.is_file() else None
     found = check_publish(cluster.client["bootstrap.servers"], topic, manifest)
     if manifest is None:  # a failed night: what it committed must still be right, though it need not be whole
         found["lost"], found["counts"] = [], []
