@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
 import time
 from collections import Counter
 from typing import Any
 
-from stoker import paths
 from tests.support.fault_proxy import FaultProxy
-from tests.support.fault_tools import write_corpus
+from tests.support.fault_tools import soak_workspace, write_corpus
 from tests.support.kafka_cluster import ComposeCluster
 from tests.support.network_trial import TX_TIMEOUT_MS, network_trial
 
@@ -36,12 +34,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=int(time.time()))
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    home = paths.state_dir() / "network-soak"
-    shutil.rmtree(home, ignore_errors=True)
-    work = home / "work"
-    work.mkdir(parents=True)
-    sample = {"data": paths.state_dir() / "data" / "sample",
-              "tokenizer": paths.state_dir() / "tokenizers" / "sample-bpe-8192" / "tokenizer.json"}
+    home, work, sample = soak_workspace("network-soak")
     corpus = write_corpus(work, sample, "network", docs_per_file=8_000, replication_factor=3, min_insync_replicas=2,
                           publish={"transaction_timeout_ms": TX_TIMEOUT_MS})
     cluster = ComposeCluster(home / "cluster", faulty=True)

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import random
-import shutil
 import signal
 import sys
 import time
@@ -38,11 +37,10 @@ from typing import Any
 
 import psutil
 
-from stoker import paths
 from stoker.layout import RunLayout, TrainerFiles, complete_checkpoints
 from stoker.run import records
 from stoker.run.manifest import read_manifest
-from tests.support.fault_tools import await_publishing, submit, write_corpus
+from tests.support.fault_tools import await_publishing, soak_workspace, submit, write_corpus
 from tests.support.kafka_cluster import ComposeCluster
 from tests.support.trainer_tools import (
     await_step,
@@ -188,12 +186,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=int(time.time()))
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    home = paths.state_dir() / "soak"
-    shutil.rmtree(home, ignore_errors=True)
-    work = home / "work"
-    work.mkdir(parents=True)
-    sample = {"data": paths.state_dir() / "data" / "sample",
-              "tokenizer": paths.state_dir() / "tokenizers" / "sample-bpe-8192" / "tokenizer.json"}
+    home, work, sample = soak_workspace("soak")
     corpus = write_corpus(work, sample, "soak", replication_factor=3, min_insync_replicas=2)
     cluster = ComposeCluster(home / "cluster").start()
     results: list[dict[str, Any]] = []

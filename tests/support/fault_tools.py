@@ -48,6 +48,19 @@ def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, c
     return cfg
 
 
+def soak_workspace(name: str) -> tuple[Path, Path, dict[str, Path]]:
+    """A soak's folders, emptied (``.stoker/<name>/`` and its ``work/``), and the sample corpus's data and
+    tokenizer as ``make setup`` made them (the soaks run outside pytest, without its fixtures)."""
+    import shutil
+
+    home = paths.state_dir() / name
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "work").mkdir(parents=True)
+    sample = {"data": paths.state_dir() / "data" / "sample",
+              "tokenizer": paths.state_dir() / "tokenizers" / "sample-bpe-8192" / "tokenizer.json"}
+    return home, home / "work", sample
+
+
 def submit(cfg: Path, topic: str, run_dir: Path, kafka_config: dict, fresh: bool = True,
             *extra: str) -> subprocess.Popen:
     from stoker.layout import tasks_topic
