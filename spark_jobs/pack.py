@@ -31,20 +31,28 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         from spark_jobs.publish import TaskSummary, publish_partition
         from spark_jobs.quality import filters_for
         from spark_jobs.steps import Packer, kept_texts
-        from spark_jobs.tokenization import encode_batch, token_id, tokenizer_from_json
+        from spark_jobs.tokenization import token_id
+        from spark_jobs.tokenizer_backends import TaskParity, encoders
         from stoker.run.holdout import HoldoutPart
 
         ctx = TaskContext.get()
         assert ctx is not None, "runs inside a Spark task"
         sp, attempt = ctx.partitionId(), ctx.attemptNumber()
-        tok, skip, quality = tokenizer_from_json(*tokenizer.value), skips.value, filters_for(cfg.quality)
-        marks = token_id(tok, eos, "eos_token"), token_id(tok, pad, "pad_token")
+        json_text, digest, backend = tokenizer.value
+        (encoder, reference), skip = encoders(digest, json_text, backend), skips.value
+        quality = filters_for(cfg.quality)
+        parity = TaskParity(reference, cfg.tokenizer.check_every)
+        ref_tok = (reference or encoder).tok  # the reference tokenizers object names the special ids
+        marks = token_id(ref_tok, eos, "eos_token"), token_id(ref_tok, pad, "pad_token")
         packer, hold = Packer(seq_len, *marks), HoldoutPart(packer=Packer(seq_len, *marks))  # held out: packed alike
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
 
-        def pack(texts: list[str], sources: list[str], held: list[bool], scrubbed: list[int]):
+        def pack(texts: list[str], sources: list[str], held: list[bool], scrubbed: list[int], positions: list[int]):
             summary.add_scrubbed(scrubbed)
-            for ids, src, text, h in zip(encode_batch(tok, texts), sources, texts, held, strict=True):
+            encoded = encoder.encode_batch(texts)
+            parity.check(texts, encoded, sources, positions)
+            summary.parity_checked = parity.checked
+            for ids, src, text, h in zip(encoded, sources, texts, held, strict=True):
                 if h:  # never published
                     hold.add(src, ids, text)
                     continue

@@ -77,6 +77,8 @@ class TaskSummary:
     """Documents of the task (trained or held out) whose e-mail or IP addresses the PII scrubbing replaced."""
     scrubbed_addresses: int = 0
     """Addresses it replaced in them."""
+    parity_checked: int = 0
+    """Documents this attempt also encoded with the reference tokenizer (``tokenizer.check_every``), all equal."""
 
     def add_scrubbed(self, addresses: list[int]) -> None:
         """Count a batch of documents by the addresses the scrubbing replaced in each."""

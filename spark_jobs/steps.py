@@ -121,9 +121,9 @@ def clean(p: Parsed, normalization: str, min_chars: int, max_chars: int, digest:
 
 def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, max_chars: int, skip: Any,
                batch: int, holdout_per_mille: int = 0, quality: Any = None, decided: bool = False
-               ) -> Iterator[tuple[list[str], list[str], list[bool], list[int]]]:
+               ) -> Iterator[tuple[list[str], list[str], list[bool], list[int], list[int]]]:
     """What a pack task tokenises, in batches of (texts, their source files, whether each is held out, the
-    addresses the scrubbing replaced in each): the
+    addresses the scrubbing replaced in each, their positions in the source files): the
     records cleaned again and kept, less those in ``skip`` (the duplicates, by place, and with ``decided`` every
     record the quality filters dropped, so the others need only their text changes). A text is held out by its
     digest (:func:`stoker.run.holdout.held_out`), computed only when something is held out."""
@@ -133,6 +133,7 @@ def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, ma
     sources: list[str] = []
     held: list[bool] = []
     scrubbed: list[int] = []
+    positions: list[int] = []
     for p in records:
         if (p.source, p.pos) in skip:  # before cleaning: a duplicate is not filtered twice
             continue
@@ -144,11 +145,12 @@ def kept_texts(records: Iterable[Parsed], normalization: str, min_chars: int, ma
         sources.append(p.source)
         held.append(p.digest is not None and held_out(p.digest, holdout_per_mille))
         scrubbed.append(p.scrubbed)
+        positions.append(p.pos)
         if len(texts) == batch:
-            yield texts, sources, held, scrubbed
-            texts, sources, held, scrubbed = [], [], [], []
+            yield texts, sources, held, scrubbed, positions
+            texts, sources, held, scrubbed, positions = [], [], [], [], []
     if texts:
-        yield texts, sources, held, scrubbed
+        yield texts, sources, held, scrubbed, positions
 
 
 def _raw(p: Parsed) -> bytes:

@@ -1,4 +1,5 @@
-"""Tokenisation inside Spark tasks: the tokenizer is loaded once per Python worker, not per batch."""
+"""The reference tokenizer (Hugging Face ``tokenizers``) and the corpus's special ids; which library
+encodes a night, and the proof, is spark_jobs/tokenizer_backends.py."""
 
 from __future__ import annotations
 
@@ -15,21 +16,6 @@ def load_tokenizer(path: str) -> Any:
     # A document that contains the text "<|endoftext|>" must not inject a real EOS (or any other
     # special id): special tokens inside the data are encoded as ordinary text.
     tok.encode_special_tokens = True
-    return tok
-
-
-def tokenizer_from_json(text: str, digest: str) -> Any:
-    """A tokenizer shipped with the job (a Spark broadcast of its JSON): executors need no shared path.
-    Built once per Python worker and digest."""
-    return _from_json(digest, text)
-
-
-@lru_cache(maxsize=4)
-def _from_json(digest: str, text: str) -> Any:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(text)
-    tok.encode_special_tokens = True  # as load_tokenizer: special tokens in the data are text
     return tok
 
 

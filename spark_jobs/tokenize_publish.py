@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,8 @@ class RunInputs:
     pad_id: int = -1
     ds: str = ""
     """The night (YYYY-MM-DD)."""
+    backend: dict[str, Any] = field(default_factory=dict)
+    """The tokenizer backend chosen and proven before Spark (spark_jobs/tokenizer_backends.py ``Choice``)."""
 
 
 @dataclass(slots=True)
@@ -106,6 +108,7 @@ class Staged:
 def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dict[str, Any]) -> RunInputs:
     """Fail in seconds, before a topic or manifest exists: tokenizer, Kafka, the store, the drop;
     then the provenance scan (one streaming pass per file, in parallel)."""
+    from spark_jobs import tokenizer_backends
     from spark_jobs.read import opener_for, preflight_source, scan
 
     if run.manifest.exists():  # a re-run: no stage may trust the old manifest while this one publishes
@@ -124,12 +127,20 @@ def prepare(spark, cfg: CorpusConfig, ds: str, run: RunLayout, kafka_config: dic
     ktopics.check_reachable(kafka_config)
     listed = preflight_source(spark, cfg, uri)
     t0 = time.monotonic()
-    files = scan(spark, listed, opener_for(cfg, listed), cfg.source.format)
+    opener = opener_for(cfg, listed)
+    files = scan(spark, listed, opener, cfg.source.format)
     log.info("provenance scan: %d files, %.1f MB in %.1f s", len(files), sum(f["bytes"] for f in files) / 1e6,
+             time.monotonic() - t0)
+    t0 = time.monotonic()
+    sample = tokenizer_backends.night_sample(cfg, files, opener)
+    choice = tokenizer_backends.choose(Path(tok_path).read_text(), cfg.tokenizer.backend, sample,
+                                       cfg.tokenizer.check_every)
+    log.info("tokenizer backend: %s %s (%s) in %.1f s", choice.name, choice.version, choice.reason,
              time.monotonic() - t0)
     return RunInputs(run_id=f"{cfg.name}/{ds}", ds=ds, uri=uri, tokenizer_path=tok_path,
                      tokenizer_sha256=sha256_file(tok_path), vocab_size=vocab,
-                     dtype=records.dtype_for_vocab(vocab), files=files, eos_id=eos, pad_id=pad)
+                     dtype=records.dtype_for_vocab(vocab), files=files, eos_id=eos, pad_id=pad,
+                     backend=choice.to_dict())
 
 
 def stage(spark, cfg: CorpusConfig, inputs: RunInputs, progress: Any = None) -> Staged:
@@ -192,7 +203,8 @@ def pack_publish(spark, staged: Staged, cfg: CorpusConfig, inputs: RunInputs, to
              "duplicates and records the quality filters dropped" if decided else "duplicates")
     # the tokenizer travels with the job (a broadcast), so executors on other hosts need no shared path
     sc = spark.sparkContext
-    tokenizer = sc.broadcast((Path(inputs.tokenizer_path).read_text(), inputs.tokenizer_sha256))
+    tokenizer = sc.broadcast((Path(inputs.tokenizer_path).read_text(), inputs.tokenizer_sha256,
+                              inputs.backend.get("name", "tokenizers")))
     fn = pack_publish_batches(cfg=cfg, records=feed.records, tokenizer=tokenizer, skips=sc.broadcast(skips),
                               topic=topic, run_id=inputs.run_id, dtype=inputs.dtype,
                               kafka_config=task_config or kafka_config, fail=fail, progress=progress, decided=decided,
@@ -230,6 +242,7 @@ def build_manifest(spark, cfg: CorpusConfig, ds: str, topic: str, inputs: RunInp
         quarantine_path=str(quarantine_path), created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
         retention_ms=cfg.topic.retention_ms, eos_id=inputs.eos_id, pad_id=inputs.pad_id,
         seconds=round(time.monotonic() - t0, 3),
+        tokenizer_backend={**inputs.backend, "checked_in_tasks": sum(s.parity_checked for s in summaries)},
         scrubbed={"docs": sum(s.scrubbed_docs for s in summaries),
                   "addresses": sum(s.scrubbed_addresses for s in summaries)}
         if cfg.quality.pii.emails or cfg.quality.pii.ips else {},
@@ -335,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2048")
              # one task per core already: the tokenizer's own thread pool would oversubscribe them
              # (measured: 0.76x of raw encode_batch with it, 0.99x without; BENCHMARKS.md)
-             .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false"))
+             .config("spark.executorEnv.TOKENIZERS_PARALLELISM", "false")
+             # and the fast backend's (rayon) pool alike
+             .config("spark.executorEnv.RAYON_NUM_THREADS", "1"))
     from stoker.stores.drops import uses_s3
 
     if uses_s3(cfg) and "PYSPARK_GATEWAY_PORT" not in os.environ:

@@ -35,3 +35,8 @@ class SourceError(StokerError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class TokenizerMismatch(StokerError):
+    """A fast tokenizer backend gave other ids than the reference (``tokenizers``) for a document: the
+    message names the document, where the ids part and both libraries' versions."""

@@ -54,6 +54,8 @@ _SCHEMES = ("file", "s3", "s3a", "hdfs")
 _FORMATS = ("jsonl", "text", "parquet")
 _NORMALIZATIONS = ("NFC", "NFKC", "none")
 _COMPRESSIONS = ("zstd", "lz4")
+TOKENIZER_BACKENDS = ("auto", "fastokens", "tokenizers")
+"""tokenizer.backend values; spark_jobs/tokenizer_backends.py says what each does."""
 SEQ_LEN_BOUNDS = (2, 1_048_576)
 """``pack.seq_len``'s range (the DAG's param form shows the same)."""
 SPARK_PARTITIONS_BOUNDS = (1, 100_000)
@@ -197,10 +199,23 @@ class TokenizerConfig:
     """Appended after every document when packing."""
     pad_token: str = "<|pad|>"
     """Fills the tail of the last sequence of a Spark partition (masked out of the loss)."""
+    backend: str = "auto"
+    """Which library encodes (spark_jobs/tokenizer_backends.py): ``auto``, the fast backend (fastokens) when its
+    ids are proven equal to ``tokenizers``' for this tokenizer.json, else ``tokenizers``; ``fastokens``, the same
+    proof, and a failed one is an error; ``tokenizers``, the reference only. The manifest says which ran and why."""
+    check_every: int = 100
+    """With a fast backend, every Nth document of each pack task (its first included) is encoded by
+    ``tokenizers`` too; a difference fails the task, naming the document. 1 checks every document (at the
+    reference's speed); the default costs ~1% of the stage (BENCHMARKS.md)."""
 
     def __post_init__(self) -> None:
         if not self.path.endswith(".json"):
             raise _fail("tokenizer.path", self.path, "must name a tokenizers .json file")
+        if self.backend not in TOKENIZER_BACKENDS:
+            raise _fail("tokenizer.backend", self.backend, f"must be one of {', '.join(TOKENIZER_BACKENDS)}")
+        if self.check_every < 1:
+            raise _fail("tokenizer.check_every", self.check_every,
+                        "must be >= 1 (1 checks every document; larger numbers check fewer)")
 
 
 @dataclass(kw_only=True, slots=True)

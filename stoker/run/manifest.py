@@ -70,6 +70,9 @@ class Manifest:
     scrubbed: dict[str, int] = field(default_factory=dict)
     """The PII scrubbing (``quality.pii``): ``docs``, the kept documents (trained or held out) it changed, and
     ``addresses``, the e-mail and IP addresses it replaced in them. Empty: scrubbing off."""
+    tokenizer_backend: dict[str, Any] = field(default_factory=dict)
+    """Which library encoded the night and why (spark_jobs/tokenizer_backends.py ``Choice``): name, version,
+    reason, wanted, checked_docs (before Spark), check_every, checked_in_tasks, unproven. Empty: not recorded."""
     version: int = MANIFEST_VERSION
 
     def check(self) -> None:

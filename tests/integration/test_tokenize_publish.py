@@ -72,6 +72,10 @@ def test_counts_decode_and_offsets(spark, kafka_config, small_cfg, tmp_path):
     assert m.docs_dropped == dict(sorted(Counter([r for _, r in BAD] + [steps.DUPLICATE] * 2).items()))
     assert m.docs_kept == len(GOOD)
     assert read_manifest(run_dir) == m
+    # the fast backend encoded the night, proven before Spark and checked in every task; the ids below are
+    # compared with the reference's
+    assert m.tokenizer_backend["name"] == "fastokens", m.tokenizer_backend
+    assert m.tokenizer_backend["checked_docs"] > len(GOOD) and m.tokenizer_backend["checked_in_tasks"] >= 2
 
     # the quarantine holds every rejected record with its reason and exact bytes
     rows = [json.loads(line) for f in (run_dir / "quarantine").glob("part-*.json") for line in f.open()]

@@ -29,7 +29,7 @@ def test_the_share_held_out_follows_the_setting_and_depends_on_the_text_alone():
 def test_a_pack_task_marks_the_held_out_texts_and_every_copy_of_one_goes_the_same_way():
     texts = [f"text number {i}" for i in range(300)]
     recs = [steps.parse_line("f", i, f'{{"text": "{t}"}}'.encode(), "jsonl", "text") for i, t in enumerate(texts * 2)]
-    out = [(t, h) for ts, _, hs, _ in steps.kept_texts(recs, "NFC", 1, 100, steps.Skips(), 64, 100)
+    out = [(t, h) for ts, _, hs, _, _ in steps.kept_texts(recs, "NFC", 1, 100, steps.Skips(), 64, 100)
            for t, h in zip(ts, hs, strict=True)]
     held = {t for t, h in out if h}
     assert held == {t for t in texts if held_out(hashlib.sha256(t.encode()).digest(), 100)} and 0 < len(held) < 300

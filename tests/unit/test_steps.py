@@ -85,7 +85,7 @@ def test_a_pack_task_tokenises_the_kept_records_less_the_duplicates_in_batches()
             enumerate([b'{"text": "a b"}', b'{"text": "  "}', b'{"text": "c d"}', b'broken', b'{"text": "e"}'])]
     skips = steps.Skips.of(["f"], np.array([0]), np.array([20]))  # "c d" at byte 20 is a duplicate
     got = list(steps.kept_texts(recs, "NFC", 1, 100, skips, batch=1))
-    assert got == [(["a b"], ["f"], [False], [0]), (["e"], ["f"], [False], [0])]
+    assert got == [(["a b"], ["f"], [False], [0], [0]), (["e"], ["f"], [False], [0], [40])]
 
 
 def test_a_pack_task_counts_the_addresses_scrubbed_in_each_kept_text():
@@ -97,7 +97,7 @@ def test_a_pack_task_counts_the_addresses_scrubbed_in_each_kept_text():
     lines = [b'{"text": "write a@b.org or c@d.org"}', b'{"text": "no address"}', b'{"text": "host 8.8.8.8"}',
              b'{"text": "email@example.com"}']  # already the replacement: not scrubbed
     recs = [steps.parse_line("f", i, raw, "jsonl", "text") for i, raw in enumerate(lines)]
-    got = [(t, n) for ts, _, _, ns in steps.kept_texts(recs, "NFC", 1, 100, steps.Skips(), 2, quality=quality)
+    got = [(t, n) for ts, _, _, ns, _ in steps.kept_texts(recs, "NFC", 1, 100, steps.Skips(), 2, quality=quality)
            for t, n in zip(ts, ns, strict=True)]
     assert got == [("write email@example.com or email@example.com", 2), ("no address", 0),
                    ("host 22.214.171.124", 1), ("email@example.com", 0)]
