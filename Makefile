@@ -157,6 +157,7 @@ lint: venv
 bench: setup test-servers
 	$(BIN)/python -m bench.model_step_bench
 	$(BIN)/python -m bench.tokenize_bench
+	$(BIN)/python -m bench.pack_parts_bench
 	$(BIN)/python -m bench.quality_bench
 	$(BIN)/python -m bench.quality_stage_bench
 	$(BIN)/python -m bench.source_bench

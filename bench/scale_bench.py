@@ -148,16 +148,16 @@ def raw_tokens_per_s(folder: Path, tokenizer: str, batch: int = 2048) -> tuple[i
 
 
 class PeakRss(threading.Thread):
-    """The largest sum of resident memory of a process and all its descendants, sampled every 0.5 s."""
+    """The largest sum of resident memory of a process and all its descendants, sampled every ``every`` s."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, every: float = 0.5) -> None:
         super().__init__(daemon=True)
-        self.pid, self.peak, self._halt = pid, 0, threading.Event()
+        self.pid, self.peak, self.every, self._halt = pid, 0, every, threading.Event()
 
     def run(self) -> None:
         import psutil
 
-        while not self._halt.wait(0.5):
+        while not self._halt.wait(self.every):
             try:
                 root = psutil.Process(self.pid)
                 procs = [root, *root.children(recursive=True)]
@@ -178,14 +178,15 @@ class PeakRss(threading.Thread):
 
 
 def run_stage(folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str,
-              extra: dict | None = None) -> tuple[dict, float, int, str]:
-    """``spark-submit`` of the stage with the operator's defaults; ``extra``: more of the corpus's config."""
+              extra: dict | None = None, backend: str = "auto") -> tuple[dict, float, int, str]:
+    """``spark-submit`` of the stage with the operator's defaults; ``extra``: more of the corpus's config;
+    ``backend``: its ``tokenizer.backend``."""
     from stoker_airflow.operators.publish import default_spark_conf
 
     corpus = workdir / "bench.yaml"
     corpus.write_text(json.dumps({
         "name": "bench", "source": {"uri": str(folder), "format": fmt},
-        "tokenizer": {"path": tokenizer}, "pack": {"seq_len": 2048}, "topic": {"partitions": 4},
+        "tokenizer": {"path": tokenizer, "backend": backend}, "pack": {"seq_len": 2048}, "topic": {"partitions": 4},
         "publish": {"spark_partitions": 4}, **(extra or {})}))
     conf = default_spark_conf()
     plan = plan_run(corpus, "2026-12-01").write(workdir / f"run-{fmt}" / "plan.json")
@@ -230,26 +231,35 @@ SHAPES = {
 }
 
 
-def report(name: str, folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str) -> None:
+def report(name: str, folder: Path, workdir: Path, tokenizer: str, bootstrap: str, fmt: str,
+           backends: list[str]) -> None:
+    """Each backend's whole stage, then the raw side once; every stage must publish the same tokens."""
     files = [p for p in folder.iterdir() if not p.name.startswith("_")]
     mb = sum(p.stat().st_size for p in files) / 1e6
-    m, stage_s, peak, log = run_stage(folder, workdir, tokenizer, bootstrap, fmt)
+    runs = {b: run_stage(folder, workdir, tokenizer, bootstrap, fmt, backend=b) for b in backends}
     n_raw, raw_s = raw_tokens_per_s(folder, tokenizer)
-    spark_tps, raw_tps = (m["tokens"] - m["docs_kept"]) / stage_s, n_raw / raw_s  # without the EOS per doc
-    largest = max(p.stat().st_size for p in files) / 1e6
+    raw_tps, largest, m = n_raw / raw_s, max(p.stat().st_size for p in files) / 1e6, runs[backends[0]][0]
     print(f"== {name}: {len(files)} files, {mb:,.0f} MB stored (largest {largest:,.0f} MB), {m['docs_in']:,} records, "
           f"{m['docs_kept']:,} kept, dropped {m['docs_dropped']}; cores: {os.cpu_count()}")
-    print(f"tokenize_publish (spark-submit, defaults): {stage_s:7.1f} s  {spark_tps:12,.0f} tokens/s  "
-          f"({m['sequences']:,} sequences)  peak RSS {peak / 2**30:.2f} GiB")
-    print(f"raw encode_batch + parse                 : {raw_s:7.1f} s  {raw_tps:12,.0f} tokens/s")
-    print(f"ratio stage / raw                        : {spark_tps / raw_tps:.2f}x")
-    print(f"stage split: {phases(log)}", flush=True)
+    for b, (m, stage_s, peak, log) in runs.items():
+        first = runs[backends[0]][0]
+        if (m["tokens"], m["sequences"]) != (first["tokens"], first["sequences"]):
+            sys.exit(f"backend {b} published {m['tokens']} tokens in {m['sequences']} sequences, "
+                     f"backend {backends[0]} {first['tokens']} in {first['sequences']}")
+        spark_tps, ran = (m["tokens"] - m["docs_kept"]) / stage_s, m.get("tokenizer_backend", {})  # without EOS
+        print(f"tokenize_publish, backend {b} (ran {ran.get('name', '?')}, {ran.get('checked_in_tasks', 0):,} docs "
+              f"checked in tasks): {stage_s:7.1f} s  {spark_tps:12,.0f} tokens/s  ({m['sequences']:,} sequences)  "
+              f"peak RSS {peak / 2**30:.2f} GiB  ratio stage / raw {spark_tps / raw_tps:.2f}x")
+        print(f"  stage split: {phases(log)}", flush=True)
+    print(f"raw tokenizers encode_batch + parse: {raw_s:7.1f} s  {raw_tps:12,.0f} tokens/s", flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="mixed")
     ap.add_argument("--big-mb", type=float, help="the big plain file's MB (overrides the shape's)")
+    ap.add_argument("--backends", default="auto,tokenizers",
+                    help="tokenizer.backend of each stage run, comma-separated (auto: the fast one where proven)")
     args = ap.parse_args()
     shape = dict(SHAPES[args.shape])
     if args.big_mb is not None:
@@ -261,9 +271,10 @@ def main() -> int:
         t0 = time.perf_counter()
         make_corpus(folder, shape)
         print(f"corpus {shape} made in {time.perf_counter() - t0:.0f} s", flush=True)
-        report("JSONL (plain and .zst)", folder, Path(tmp), tokenizer, bootstrap, "jsonl")
+        backends = args.backends.split(",")
+        report("JSONL (plain and .zst)", folder, Path(tmp), tokenizer, bootstrap, "jsonl", backends)
         if shape.get("parquet"):
-            report("Parquet", folder.parent / "night-parquet", Path(tmp), tokenizer, bootstrap, "parquet")
+            report("Parquet", folder.parent / "night-parquet", Path(tmp), tokenizer, bootstrap, "parquet", backends)
     return 0
 
 

@@ -21,7 +21,7 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
     packed apart into ``holdout_dir`` before the last commit; ``decided``: ``skips`` holds the filters' drops too."""
     seq_len, tx_ms, per_mille = cfg.pack.seq_len, cfg.publish.transaction_timeout_ms, cfg.eval.holdout_per_mille
     nparts, compression, per_mille = cfg.topic.partitions, cfg.topic.compression, per_mille if holdout_dir else 0
-    eos, pad, c = cfg.tokenizer.eos_token, cfg.tokenizer.pad_token, cfg.clean
+    c = cfg.clean
     read_acc, docs_acc, tokens_acc = (progress.bytes_read, progress.docs, progress.tokens) if progress else [None] * 3
 
     def run(batches):
@@ -31,19 +31,13 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
         from spark_jobs.publish import TaskSummary, publish_partition
         from spark_jobs.quality import filters_for
         from spark_jobs.steps import Packer, kept_texts
-        from spark_jobs.tokenization import token_id
-        from spark_jobs.tokenizer_backends import TaskParity, encoders
         from stoker.run.holdout import HoldoutPart
 
         ctx = TaskContext.get()
         assert ctx is not None, "runs inside a Spark task"
         sp, attempt = ctx.partitionId(), ctx.attemptNumber()
-        json_text, digest, backend = tokenizer.value
-        (encoder, reference), skip = encoders(digest, json_text, backend), skips.value
-        quality = filters_for(cfg.quality)
-        parity = TaskParity(reference, cfg.tokenizer.check_every)
-        ref_tok = (reference or encoder).tok  # the reference tokenizers object names the special ids
-        marks = token_id(ref_tok, eos, "eos_token"), token_id(ref_tok, pad, "pad_token")
+        encoder, parity, marks = task_tokenizer(cfg, tokenizer.value)
+        skip, quality = skips.value, filters_for(cfg.quality)
         packer, hold = Packer(seq_len, *marks), HoldoutPart(packer=Packer(seq_len, *marks))  # held out: packed alike
         summary = TaskSummary(spark_partition=sp, attempt=attempt)
 
@@ -52,13 +46,15 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
             encoded = encoder.encode_batch(texts)
             parity.check(texts, encoded, sources, positions)
             summary.parity_checked = parity.checked
+            trained, per_source = [], summary.source_tokens
             for ids, src, text, h in zip(encoded, sources, texts, held, strict=True):
                 if h:  # never published
                     hold.add(src, ids, text)
                     continue
-                summary.docs += 1
-                summary.source_tokens[src] = summary.source_tokens.get(src, 0) + len(ids) + 1  # + its EOS
-                yield from packer.add(ids)
+                trained.append(ids)
+                per_source[src] = per_source.get(src, 0) + len(ids) + 1  # + its EOS
+            summary.docs += len(trained)
+            yield from packer.add_batch(trained)
             if docs_acc is not None:
                 docs_acc.add(len(texts))
 
@@ -81,3 +77,17 @@ def pack_publish_batches(*, cfg: CorpusConfig, records: Any, tokenizer: Any, ski
                                    fail_after=fail_after, task_partitions=task_partitions):
             yield pa.RecordBatch.from_pydict({"summary": [s.to_json()]})
     return run
+
+
+def task_tokenizer(cfg: CorpusConfig, shipped: tuple[str, str, str]) -> tuple[Any, Any, tuple[int, int]]:
+    """A pack task's tokenizer from the job's broadcast (its JSON, digest and the backend the driver proved):
+    the encoder, the check of every Nth document against the reference, and the (EOS, PAD) ids."""
+    from spark_jobs.tokenization import token_id
+    from spark_jobs.tokenizer_backends import TaskParity, encoders
+
+    json_text, digest, backend = shipped
+    encoder, reference = encoders(digest, json_text, backend)
+    ref_tok = (reference or encoder).tok  # the reference tokenizers object names the special ids
+    t = cfg.tokenizer
+    return (encoder, TaskParity(reference, t.check_every),
+            (token_id(ref_tok, t.eos_token, "eos_token"), token_id(ref_tok, t.pad_token, "pad_token")))

@@ -206,7 +206,7 @@ class TokenizerConfig:
     check_every: int = 100
     """With a fast backend, every Nth document of each pack task (its first included) is encoded by
     ``tokenizers`` too; a difference fails the task, naming the document. 1 checks every document (at the
-    reference's speed); the default costs ~1% of the stage (BENCHMARKS.md)."""
+    reference's speed); the default costs ~3% of the stage on the sample tokenizer (BENCHMARKS.md, issue 34)."""
 
     def __post_init__(self) -> None:
         if not self.path.endswith(".json"):

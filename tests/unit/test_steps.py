@@ -1,5 +1,9 @@
+import json
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark_jobs import steps
 
@@ -54,6 +58,31 @@ def test_packer_keeps_every_token_in_order_with_eos_between_documents():
     assert starts == [0, 6, 20, 22]
 
 
+@settings(max_examples=150, deadline=None)
+@given(docs=st.lists(st.lists(st.integers(1, 60_000), max_size=30), max_size=40),
+       cuts=st.lists(st.integers(0, 40), max_size=6), seq_len=st.integers(2, 17), arrays=st.booleans())
+def test_packing_in_batches_is_packing_one_document_at_a_time(docs, cuts, seq_len, arrays):
+    """The batch path against a reference model: the documents joined with EOS, cut into windows of
+    seq_len + 1, the last padded; each window names the documents that start in it."""
+    packer = steps.Packer(seq_len=seq_len, eos_id=0, pad_id=65_535)
+    bounds = sorted({0, len(docs), *(min(c, len(docs)) for c in cuts)})
+    batches = [docs[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    as_input = (lambda d: np.asarray(d, dtype=np.uint32)) if arrays else list
+    out = [w for b in batches for w in packer.add_batch([as_input(d) for d in b])] + list(packer.flush())
+    stream = [t for d in docs for t in [*d, 0]]
+    w = seq_len + 1
+    windows = [stream[i:i + w] for i in range(0, len(stream), w)]
+    starts, at = [], 0
+    for d in docs:
+        starts.append(at)
+        at += len(d) + 1
+    assert [x.tokens[: x.valid or w].tolist() for x in out] == windows
+    assert [x.doc_starts for x in out] == [[s - i * w for s in starts if i * w <= s < (i + 1) * w]
+                                           for i in range(len(windows))]
+    assert all(x.valid is None for x in out[:-1]) and (not out or out[-1].valid in (None, len(windows[-1])))
+    assert packer.tokens == len(stream) and packer.padding == w * len(windows) - len(stream)
+
+
 def test_packer_exact_fit_needs_no_padding():
     packer = steps.Packer(seq_len=3, eos_id=0, pad_id=9)
     out = list(packer.add([1, 2, 3])) + list(packer.flush())
@@ -101,3 +130,22 @@ def test_a_pack_task_counts_the_addresses_scrubbed_in_each_kept_text():
            for t, n in zip(ts, ns, strict=True)]
     assert got == [("write email@example.com or email@example.com", 2), ("no address", 0),
                    ("host 22.214.171.124", 1), ("email@example.com", 0)]
+
+
+_JSON_LINES = st.one_of(
+    st.binary(max_size=60),
+    st.builds(lambda v: json.dumps({"text": v}, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+              st.text(max_size=40)),
+    st.builds(lambda v, a: json.dumps({"text": v}, ensure_ascii=a).encode(), st.text(max_size=40), st.booleans()),
+    st.builds(lambda k, v: json.dumps({k: v}).encode(), st.sampled_from(["text", "body"]),
+              st.one_of(st.none(), st.integers(), st.floats(allow_nan=True), st.lists(st.integers(), max_size=3))),
+    st.sampled_from([b'{"text": "\\ud800"}', b'{"text": "caf\xe9"}', b'\xef\xbb\xbf{"text": "bom"}', b'[1]',
+                     b'{"text": "a"} x', b'{"text": NaN}', b'{"text": "a", "text": 1}', b'{"text": 1e999}',
+                     b'{"text": 123456789012345678901234567890}', b'{"text": "\\ud83d\\ude00"}', b'"text"']),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(raw=_JSON_LINES, fmt=st.sampled_from(["jsonl", "text"]))
+def test_the_fast_json_path_keeps_and_drops_exactly_as_the_exact_one(raw, fmt):
+    assert steps.parse_line("f", 0, raw, fmt, "text") == steps._parse_line_exactly("f", 0, raw, fmt, "text")
