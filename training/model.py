@@ -37,6 +37,16 @@ def build_model(recipe: TrainRecipe, vocab_size: int, seq_len: int, eos_id: int,
     return model
 
 
+def compile_layers(model: Any) -> Any:
+    """``torch.compile`` every decoder layer in place (``nn.Module.compile``: the module is not wrapped, so
+    parameter names, state dicts, checkpoints and the export stay those of the eager model). Layer by layer rather
+    than the whole model: the embedding, the loss and the trainer's router hooks stay outside the graphs, and all
+    layers of one kind share one compiled graph. Shapes are static (every micro-batch is micro_batch x seq_len)."""
+    for layer in model.model.layers:
+        layer.compile(dynamic=False)
+    return model
+
+
 def routers(model: Any) -> list[Any]:
     """The top-k routers of every MoE layer (each holds ``e_score_correction_bias``)."""
     return [m for m in model.modules() if hasattr(m, "e_score_correction_bias")]

@@ -173,14 +173,19 @@ class Trainer:
 
     def _model(self, ds_config: dict[str, Any]) -> Any:
         """The weights the night starts from: its parent's (under ZeRO-3 loaded straight into each rank's shard),
-        or the recipe's shape at random."""
-        from training.model import build_model
+        or the recipe's shape at random; with ``recipe.compile``, its decoder layers compiled."""
+        from training.model import build_model, compile_layers
 
         if self.args.init_from:
             self._phase(f"loading the weights it continues from {self.args.init_from}")
-            return inherit.load_model(self.args.init_from, self.manifest.seq_len, self.manifest.vocab_size, ds_config)
-        self._phase(f"building the {self.recipe.name} model (random weights)")
-        return build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id, self.pad_id)
+            model = inherit.load_model(self.args.init_from, self.manifest.seq_len, self.manifest.vocab_size, ds_config)
+        else:
+            self._phase(f"building the {self.recipe.name} model (random weights)")
+            model = build_model(self.recipe, self.manifest.vocab_size, self.manifest.seq_len, self.eos_id, self.pad_id)
+        if self.recipe.compile:
+            self._phase("compiling its decoder layers (torch.compile: the first micro-steps build the kernels)")
+            compile_layers(model)
+        return model
 
     def _resume(self) -> None:
         if not checkpoint.has_checkpoint(self.files.checkpoints):  # this night's first launch

@@ -75,7 +75,9 @@ def rows(out: Path, suffix: str = ".jsonl") -> list[dict]:
 def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, tmp_path, zero):
     m, path, kafka_config, reference = published
     shape = ["--set", f"grad_accum_steps={ACCUM}", "--set", f"zero_stage={zero}", "--checkpoint-every", "3",
-             "--group-id", f"accum-{zero}", *(["--set", "bf16=true"] if zero == 2 else [])]  # as the GPU recipes
+             "--group-id", f"accum-{zero}",
+             # as the GPU recipes, and compiled (recipe.compile): a compiled night resumes exactly too
+             *(["--set", "bf16=true", "--set", "compile=true"] if zero == 2 else [])]
     out = tmp_path / "train"
     # checkpoints every 12 micro-steps; killed inside the window just after one, or inside the next (the resume
     # then trains a whole window again), past the first (12) and 5 or more micro-steps before the next: a kill
@@ -122,6 +124,9 @@ def test_accumulation_killed_mid_window_resumes_with_every_key_once(published, t
     rest = [t for t in tags if t != fork]
     assert len(rest) in (1, 2) and rest[-1] == f"step{MICRO_STEPS:08d}"  # the padding micro-steps count no step
     assert len(rest) == 2 or tags[-2] == fork, tags
+    if zero == 2:  # both lives compiled their layers
+        logs = [p.read_text(errors="replace") for p in sorted(out.glob("launch-*.log"))]
+        assert len(logs) == 2 and all("compiling its decoder layers" in t for t in logs), [t[-500:] for t in logs]
     if zero == 2:  # under bf16 the routers' selection biases stay fp32 (DeepSpeed casts parameters, not buffers):
         from safetensors import safe_open  # in bf16 a bias >= 0.5 could not move by gamma = 1e-3
 
