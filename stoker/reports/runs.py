@@ -102,7 +102,7 @@ def summary(run_dir: Path) -> dict[str, Any]:
         "seq_len": m.seq_len, "dtype": m.dtype,
         "partitions": [{"partition": p.partition, "sequences": p.sequences,
                         "offsets": [p.start_offset, p.end_offset]} for p in m.partitions],
-        "tokenizer_sha256": m.tokenizer_sha256, "source_uri": m.source_uri,
+        "tokenizer_sha256": m.tokenizer_sha256, "tokenizer_backend": m.tokenizer_backend, "source_uri": m.source_uri,
         "source_files": len(m.source_files), "source_bytes": sum(f.get("bytes", 0) for f in m.source_files),
         "sources": [{k: f.get(k) for k in ("path", "bytes", "docs_in", "docs_kept", "docs_dropped", "tokens")}
                     for f in m.source_files],
@@ -180,6 +180,9 @@ def render(s: dict[str, Any]) -> str:
             for p in s["partitions"]),
         *_render_sources(s.get("sources") or []),
         f"  tokenizer sha256 {s['tokenizer_sha256']}",
+        *([f"  tokenizer        {b['name']} {b.get('version', '')}: {b.get('reason', '')}"
+           + (f"; {b['checked_in_tasks']} documents checked again in the tasks" if b.get("checked_in_tasks") else "")]
+          if (b := s.get("tokenizer_backend")) else []),
         f"  quarantine       {s['quarantine']}",
         "  seconds          " + ("  ".join(f"{r['stage']} {r['seconds']}" for r in s.get("stages") or []
                                         if r["seconds"] is not None) or "-"),

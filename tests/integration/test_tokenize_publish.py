@@ -76,6 +76,9 @@ def test_counts_decode_and_offsets(spark, kafka_config, small_cfg, tmp_path):
     # compared with the reference's
     assert m.tokenizer_backend["name"] == "fastokens", m.tokenizer_backend
     assert m.tokenizer_backend["checked_docs"] > len(GOOD) and m.tokenizer_backend["checked_in_tasks"] >= 2
+    from stoker.reports.runs import render, summary
+
+    assert "  tokenizer        fastokens 0.3." in render(summary(run_dir))  # what `stoker runs show` prints
 
     # the quarantine holds every rejected record with its reason and exact bytes
     rows = [json.loads(line) for f in (run_dir / "quarantine").glob("part-*.json") for line in f.open()]
