@@ -54,6 +54,7 @@ stoker.lines: model lines
     stoker.lines.eval_sets      the held-out sets a night is scored on, and its baseline
     stoker.lines.replay         earlier nights' sequences mixed into a night
     stoker.lines.replay_rows    replay rows on disk: streamed in, memory-mapped out
+    stoker.lines.mixture        a night over several corpora at target shares: its rows and their order
 
 stoker.reports: what people read
     stoker.reports.runs         a run's summary

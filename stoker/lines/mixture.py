@@ -1,0 +1,199 @@
+"""A night over several corpora at target shares (issue 35): how many rows each component trains, and the order
+they are dealt in, so that the shares a model saw are the shares asked for.
+
+Pure logic, no I/O: the first slice of issue 35. The trainer does not read several topics yet; this module is the
+rule it will deal by, tested on its own (tests/unit/test_mixture.py).
+
+* **The night's size** (:func:`night_rows`). Each component ``i`` (a corpus of the line, or ``replay``) has
+  ``available[i]`` rows published for the night and a target share ``s[i]``. With ``when_short: shrink`` the
+  night is the largest that trains no row twice: ``T = min(available[i] / s[i])``; the component that binds is
+  trained whole, the others in part, and what they leave is counted and named (it stays in its topic; no row
+  leaves the line silently). With ``when_short: repeat`` the night trains every row of the largest component
+  once, ``T = max(available[i] / s[i])``, and a smaller one repeats its rows, up to ``max_repeats`` uses of each;
+  where even that is short the night shrinks to what the cap allows. ``T`` is split by Hamilton's method
+  (largest remainders, ties by name), so the rows sum to ``T`` exactly.
+* **The order** (:func:`deal`). Row slots are dealt by earliest deadline first over each component's
+  proportionate-fair windows (:func:`_next_slot`). Every prefix of the night is then within one row of its
+  share for every component (``|dealt[i] - n * w[i]| < 1``, ``w`` the night's realised weights;
+  tests/unit/test_mixture.py searches for a counterexample), so any window of steps is too, and the order
+  depends only on the rows: not on
+  the world size, the micro-batch or where a kill fell. ``stratified`` deals each batch of ``batch`` slots on
+  its own by Hamilton's method, so each batch holds ``floor`` or ``ceil`` of ``batch * w[i]`` (MosaicML's
+  "stratified" batching), for as long as every component has rows left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from stoker.exceptions import ConfigError
+
+SHORT_POLICIES = ("shrink", "repeat")
+REPLAY = "replay"
+"""The component name of the line's replayed rows (``train.replay``), mixed as one more source."""
+SHARE_SUM_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """A line's ``mix:``: target shares per component, the repeat cap and what a short source does."""
+
+    shares: Mapping[str, float]
+    max_repeats: float = 1.0
+    """How many times a row may be used in one night (``when_short: repeat``); 1: never twice."""
+    when_short: str = "shrink"
+    stratified: bool = False
+    """Deal each batch by itself at the target shares (else: the whole night, every prefix within a row)."""
+
+    def __post_init__(self) -> None:
+        if not self.shares:
+            raise ConfigError("mix.shares is empty: name each corpus of the line with its share, e.g. {web: 0.6, "
+                              "code: 0.3, papers: 0.1}")
+        for name, share in self.shares.items():
+            if not 0 < share <= 1:
+                raise ConfigError(f"mix.shares.{name} = {share!r}: must be in (0, 1]")
+        total = sum(self.shares.values())
+        if abs(total - 1) > SHARE_SUM_TOLERANCE:
+            raise ConfigError(f"mix.shares sum to {total!r}: they must sum to 1 (within {SHARE_SUM_TOLERANCE}); "
+                              "scale them or add the missing component")
+        if self.when_short not in SHORT_POLICIES:
+            raise ConfigError(f"mix.when_short = {self.when_short!r}: must be one of {', '.join(SHORT_POLICIES)}")
+        if not 1 <= self.max_repeats <= 1000:
+            raise ConfigError(f"mix.max_repeats = {self.max_repeats!r}: must be in [1, 1000] (1: no row twice)")
+
+
+@dataclass(slots=True)
+class NightMix:
+    """What a night trains of each component, and why it is that size."""
+
+    rows: dict[str, int]
+    available: dict[str, int]
+    binding: str
+    """The component that set the night's size (trained whole, or up to its repeat cap)."""
+    left: dict[str, int] = field(default_factory=dict)
+    """Rows of a component the night does not train (``shrink``): they stay in their topic, named here."""
+    repeated: dict[str, int] = field(default_factory=dict)
+    """Rows trained beyond each component's own (``repeat``): second and later uses."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows.values())
+
+    def shares(self) -> dict[str, float]:
+        t = self.total
+        return {k: (v / t if t else 0.0) for k, v in self.rows.items()}
+
+
+def hamilton(total: int, weights: Mapping[str, float]) -> dict[str, int]:
+    """``total`` split in proportion to ``weights`` by largest remainders (ties by name): sums to ``total``."""
+    wsum = sum(weights.values())
+    quotas = {k: total * w / wsum for k, w in weights.items()}
+    out = {k: math.floor(q) for k, q in quotas.items()}
+    rest = total - sum(out.values())
+    for k in sorted(quotas, key=lambda k: (-(quotas[k] - out[k]), k))[:rest]:
+        out[k] += 1
+    return out
+
+
+def night_rows(mix: Mix, available: Mapping[str, int]) -> NightMix:
+    """Rows of each component for a night whose components published ``available`` rows."""
+    missing = sorted(set(mix.shares) - set(available))
+    if missing:
+        raise ConfigError(f"mix.shares names {missing}, which published nothing for the night: wait for them, "
+                          "or let the deadline leave them out and say so")
+    unmixed = sorted(set(available) - set(mix.shares))
+    if unmixed:
+        raise ConfigError(f"{unmixed} published rows for the night but mix.shares gives them no share: their rows "
+                          "would leave the line untrained; give each a share")
+    if any(n < 0 for n in available.values()):
+        raise ValueError(f"available rows must be >= 0: {dict(available)}")
+    cap = mix.max_repeats if mix.when_short == "repeat" else 1.0
+    limits = {k: available[k] * cap / s for k, s in mix.shares.items()}  # the largest night each could feed
+    binding = min(limits, key=lambda k: (limits[k], k))
+    size = limits[binding]
+    if mix.when_short == "repeat":  # every row of the largest component once, unless a cap binds first
+        largest = max(mix.shares, key=lambda k: (available[k] / mix.shares[k], k))
+        if available[largest] / mix.shares[largest] <= size:
+            binding, size = largest, available[largest] / mix.shares[largest]
+    total = math.floor(size + 1e-9)
+    rows = hamilton(total, mix.shares)
+    for k in rows:  # rounding may ask one row over a cap: give it back (the night is one row smaller)
+        rows[k] = min(rows[k], math.floor(available[k] * cap + 1e-9))
+    return NightMix(rows=rows, available=dict(available), binding=binding,
+                    left={k: available[k] - rows[k] for k in rows if rows[k] < available[k]},
+                    repeated={k: rows[k] - available[k] for k in rows if rows[k] > available[k]})
+
+
+def deal(rows: Mapping[str, int], batch: int = 1, stratified: bool = False) -> Iterator[str]:
+    """The component of each row slot of the night, in order (see the module)."""
+    if batch < 1:
+        raise ValueError(f"batch = {batch}: must be >= 1")
+    left = {k: n for k, n in rows.items() if n > 0}
+    total = sum(left.values())
+    weights = {k: n / total for k, n in left.items()} if total else {}
+    rows_now, dealt, names = dict(left), dict.fromkeys(left, 0), sorted(left)
+    n = 0
+    while left:
+        if stratified:
+            live = {k: weights[k] for k in left}
+            quota = hamilton(min(batch, sum(left.values())), live)
+            quota = {k: min(q, left[k]) for k, q in quota.items()}
+            short = min(batch, sum(left.values())) - sum(quota.values())
+            for k in sorted(left, key=lambda k: (-(left[k] - quota[k]), k)):  # a component ran out mid-batch
+                if short <= 0:
+                    break
+                extra = min(short, left[k] - quota[k])
+                quota[k] += extra
+                short -= extra
+            yield from _in_order(quota)
+            for k, q in quota.items():
+                left[k] -= q
+                dealt[k] += q
+                if not left[k]:
+                    del left[k]
+            continue
+        k = _next_slot(n, rows_now, dealt, total, names)
+        n += 1
+        dealt[k] += 1
+        left[k] -= 1
+        if not left[k]:
+            del left[k]
+        yield k
+
+
+def _next_slot(t: int, rows: Mapping[str, int], dealt: Mapping[str, int], total: int, names: list[str]) -> str:
+    """Slot ``t``'s component by earliest deadline first over Pfair windows: the ``j``-th row of a component
+    with ``r`` of the night's ``T`` rows may go no earlier than slot ``floor((j - 1) T / r)`` and must go before
+    ``ceil(j T / r)``. The shares sum to one, so EDF meets every window (Baruah et al., proportionate fairness),
+    and every prefix is within one row of every share: ``|dealt - t r / T| < 1``. Integers only; ``names``
+    sorted, so ties go to the first name."""
+    best: tuple[int, str] | None = None
+    for k in names:
+        j, r = dealt[k] + 1, rows[k]
+        if j > r or (j - 1) * total // r > t:  # done, or its next row is not released yet
+            continue
+        deadline = -(-j * total // r)
+        if best is None or deadline < best[0]:
+            best = (deadline, k)
+    assert best is not None, f"no component eligible at slot {t}: {dict(rows)}, dealt {dict(dealt)}"
+    return best[1]
+
+
+def _in_order(counts: Mapping[str, int]) -> Iterator[str]:
+    """A batch's slots interleaved by the same rule, so each batch is mixed, not sorted."""
+    live = {k: c for k, c in counts.items() if c > 0}
+    dealt, total, names = dict.fromkeys(live, 0), sum(live.values()), sorted(live)
+    for t in range(total):
+        k = _next_slot(t, live, dealt, total, names)
+        dealt[k] += 1
+        yield k
+
+
+def realised(slots: list[str]) -> dict[str, float]:
+    """The share of each component in ``slots`` (a window of the night)."""
+    out: dict[str, float] = {}
+    for s in slots:
+        out[s] = out.get(s, 0) + 1
+    return {k: v / len(slots) for k, v in out.items()} if slots else {}
