@@ -21,10 +21,16 @@ from tests.support.trainer_tools import committed_keys
 
 
 def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, compressed: bool = False,
-                 publish: dict[str, Any] | None = None, docs_per_file: int = 30_000, **topic: Any) -> Path:
+                 publish: dict[str, Any] | None = None, docs_per_file: int = 30_000,
+                 tokenizer_backend: str = "tokenizers", **topic: Any) -> Path:
     """Two files of distinct documents (about 12 MB each at 30,000), so the pack pass runs for several
     seconds on two cores; the corpus config ``name`` reads them (``topic`` adds topic settings, ``publish``
-    publish settings). ``compressed``: as ``.jsonl.zst`` files, each read whole by one task."""
+    publish settings). ``compressed``: as ``.jsonl.zst`` files, each read whole by one task.
+
+    The faults these tests inject land inside the pack pass (kills between transactions, a publish longer than
+    the transaction timeout), so they need a pass of several seconds: they encode with the reference backend by
+    default, ~6 s a task here. The fast one packs the same night in well under a second
+    (spark_jobs/tokenizer_backends.py), too short to kill in the middle of."""
     from stoker_local import sample
 
     texts = list(sample.texts(sample_corpus["data"]))
@@ -42,7 +48,7 @@ def write_corpus(tmp_path: Path, sample_corpus: dict[str, Path], name: str, *, c
     (folder / "_SUCCESS").write_text("")
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(json.dumps({"name": name, "source": {"uri": str(folder)},
-                               "tokenizer": {"path": str(sample_corpus["tokenizer"])},
+                               "tokenizer": {"path": str(sample_corpus["tokenizer"]), "backend": tokenizer_backend},
                                "pack": {"seq_len": 512}, "topic": {"partitions": 4, **topic},
                                "publish": {"spark_partitions": 4, **(publish or {})}}))
     return cfg
