@@ -16,7 +16,7 @@ CORPUS, DS = "authsample", "2026-12-01"
 
 
 @pytest.fixture()
-def app(monkeypatch, tmp_path):
+def app(monkeypatch, tmp_path, airflow_db):  # its JWTs are checked against the DB (revoked tokens)
     from airflow.api_fastapi import app as airflow_app
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
     from fastapi.testclient import TestClient
