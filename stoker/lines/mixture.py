@@ -150,7 +150,6 @@ def deal(rows: Mapping[str, int], batch: int = 1, stratified: bool = False) -> I
             yield from _in_order(quota)
             for k, q in quota.items():
                 left[k] -= q
-                dealt[k] += q
                 if not left[k]:
                     del left[k]
             continue
