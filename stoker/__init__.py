@@ -55,6 +55,7 @@ stoker.lines: model lines
     stoker.lines.replay         earlier nights' sequences mixed into a night
     stoker.lines.replay_rows    replay rows on disk: streamed in, memory-mapped out
     stoker.lines.mixture        a night over several corpora at target shares: its rows and their order
+    stoker.lines.mix_plan       a mixture night's plan: its manifests and rows, written once
 
 stoker.reports: what people read
     stoker.reports.runs         a run's summary

@@ -25,7 +25,14 @@ log = logging.getLogger("stoker.train.checkpoint")
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """One data state for the run: each partition's offset (read count, replayed rows) from the rank that owns it."""
+    """One data state for the run: each partition's offset (read count, replayed rows) from the rank that owns it;
+    a mixture's (``components``) merged component by component, the rest (its order, its accounting) the same on
+    every rank."""
+    if "components" in states[0]:
+        merged = dict(states[0])
+        merged["components"] = {k: merge_states([s["components"][k] for s in states]) for k in states[0]["components"]}
+        merged["assignment"] = {"world": states[0]["assignment"]["world"]}
+        return merged
     merged = dict(states[0])
     for key in ("next_offsets", "consumed", "replayed"):
         if any(key not in s for s in states):
@@ -39,6 +46,23 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     merged["assignment"] = {"world": states[0]["assignment"]["world"],
                             "ranks": [s["assignment"]["partitions"] for s in states]}
     return merged
+
+
+def topic_offsets(state: dict[str, Any]) -> dict[str, dict[int, int]]:
+    """Topic → partition → next offset of a merged data state (every component's, for a mixture)."""
+    parts = state["components"].values() if "components" in state else [state]
+    return {s["topic"]: {int(p): o for p, o in s["next_offsets"].items()} for s in parts}
+
+
+def all_offsets(state: dict[str, Any]) -> dict[str, int]:
+    """``topic[partition]`` → next offset of a merged data state."""
+    return {f"{t}[{p}]": o for t, offsets in topic_offsets(state).items() for p, o in offsets.items()}
+
+
+def owned_offsets(state: dict[str, Any]) -> dict[str, int]:
+    """``topic[partition]`` → next offset of the partitions one rank's (unmerged) data state owns."""
+    parts = state["components"].values() if "components" in state else [state]
+    return {f"{s['topic']}[{p}]": s["next_offsets"][str(p)] for s in parts for p in s["assignment"]["partitions"]}
 
 
 SLOTS = ("data", "progress")
@@ -93,10 +117,10 @@ def save(engine: Any, step: int, ckpt_dir: Path, *, slots: dict[str, dict[str, A
         atomic_write_json(ckpt_dir / tag / CHECKPOINT_COMPLETE, {"step": step, "world": dist.get_world_size()})
     dist.barrier()
     if dist.get_rank() == 0 and kafka_config is not None:
-        offsets = {int(p): o for p, o in data["next_offsets"].items()}
-        koffsets.commit_offsets(kafka_config, group_id, data["topic"], offsets)
-        log.info("checkpoint step %d saved in %s; offsets committed for group %s: %s", step, ckpt_dir, group_id,
-                 offsets)
+        for topic, offsets in topic_offsets(data).items():
+            koffsets.commit_offsets(kafka_config, group_id, topic, offsets)
+            log.info("checkpoint step %d saved in %s; offsets committed for group %s: %s %s", step, ckpt_dir,
+                     group_id, topic, offsets)
     if node_leader:  # one pruner per node: folders may be node-local
         prune(ckpt_dir, keep)
     return data

@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     ap.add_argument("--init-from", help="start from this model when --out holds no checkpoint: a night of a "
                     "model line or a local Hugging Face folder, as the train task decided at this launch (default: "
                     "random weights in the recipe's shape)")
+    ap.add_argument("--mix", help="a mixture night's plan (stoker.lines.mix_plan): train the rows it names of every "
+                    "component's topic at its shares; --manifest is then its lead component")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a value of the plan's recipe (lr=3e-4, model.num_layers=8) for a debugging or "
                     "benchmark session; validated like a recipe file")

@@ -61,6 +61,10 @@ class TrainArgs:
     """Start from this model when the folder holds no checkpoint yet: a night of a model line or a
     local Hugging Face folder (default: random weights in the recipe's shape). The train task decides the
     parent at each launch (``stoker_airflow.lines.launch_parent``) and hands it over here."""
+    mix: str | None = None
+    """A mixture night's plan (:mod:`stoker.lines.mix_plan`): train the rows it names of every component's topic,
+    dealt by :class:`training.data.mixture_source.MixtureSource`; ``manifest`` is then one of its components (the
+    lead: the trainer folder, the consumer group and the checks of a publication are its)."""
     set: list[str] = field(default_factory=list)
     """Recipe overrides ``KEY=VALUE`` (``lr=3e-4``, ``model.num_layers=8``), validated like a recipe file."""
 
@@ -139,6 +143,9 @@ class Trainer:
         global_batch = self.recipe.micro_batch_size * self.world * self.recipe.grad_accum_steps
         replay = load_rows(self.files.replay)  # train.replay: rows of the line's earlier nights, mixed in
         rows = self.manifest.sequences + (len(replay) if replay is not None else 0)
+        self.mix = self._mix_plan(replay)
+        if self.mix is not None:
+            rows = self.mix.night.total
         config, client_scheduler, self.fork_at = lr_plan(self.recipe, self.train_config.lr_schedule,
                                                          self.train_config.cooldown_share,
                                                          math.ceil(rows / global_batch),
@@ -152,9 +159,9 @@ class Trainer:
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config,
             lr_scheduler=client_scheduler)
         self._phase(f"opening the run topic {self.manifest.topic} (group {self.group_id})")
-        self.source = with_replay(KafkaTokenSource(kafka_config=self.kafka_config, manifest=self.manifest,
-                                                   rank=self.rank, world=self.world, group_id=self.group_id,
-                                                   batch_size=self.recipe.micro_batch_size), replay)
+        self.source = self._source(replay) if self.mix is not None else with_replay(KafkaTokenSource(
+            kafka_config=self.kafka_config, manifest=self.manifest, rank=self.rank, world=self.world,
+            group_id=self.group_id, batch_size=self.recipe.micro_batch_size), replay)
         self.progress = Progress(publication=self.manifest.publication)
         self.data_state: dict[str, Any] = {}
         self.saved_step = -1
@@ -170,6 +177,30 @@ class Trainer:
         self.keys_log = self._open_keys_log()
         log.info("rank %d/%d: partitions %s, %d offsets left, starting at step %d", self.rank, self.world,
                  self.source.partitions, self.source.remaining(), self.progress.step)
+
+    def _mix_plan(self, replay: Any) -> Any:
+        """The ``--mix`` night's plan, its lead manifest checked to be one of its components."""
+        if not self.args.mix:
+            return None
+        from stoker.exceptions import StokerError
+        from stoker.lines.mix_plan import read_plan
+
+        plan = read_plan(self.args.mix)
+        topics = {k: m.topic for k, m in plan.read_manifests().items()}
+        if self.manifest.topic not in topics.values():
+            raise StokerError(f"--manifest {self.args.manifest} (topic {self.manifest.topic}) is not a component of "
+                              f"the mix plan {self.args.mix} ({topics})")
+        if replay is not None:
+            raise StokerError("train.replay with a mix plan: replay as a component of the mixture is not built yet; "
+                              "train the night without train.replay, or without --mix")
+        return plan
+
+    def _source(self, replay: Any) -> Any:
+        from training.data.mixture_source import MixtureSource
+
+        return MixtureSource(kafka_config=self.kafka_config, plan=self.mix, manifests=self.mix.read_manifests(),
+                             rank=self.rank, world=self.world, micro_batch_size=self.recipe.micro_batch_size,
+                             accumulation=self.recipe.grad_accum_steps, group_id=self.group_id)
 
     def _model(self, ds_config: dict[str, Any]) -> Any:
         """The weights the night starts from: its parent's (under ZeRO-3 loaded straight into each rank's shard),
@@ -220,11 +251,14 @@ class Trainer:
         input_ids, labels, position_ids, keys, self.loads.real = to_tensors(pending, self.manifest.seq_len,
                                                                             self.pad_id)
         mine = int((labels != -100).sum())
-        local = torch.tensor([len(keys), mine], dtype=torch.float64)
+        mixed = self.source.local_counts(pending) if self.mix is not None else []  # per component (--mix)
+        local = torch.tensor([len(keys), mine, *mixed], dtype=torch.float64)
         dist.all_reduce(local)  # a sync point: every rank learns whether anyone still has data
         rows, tokens = int(local[0]), float(local[1])
         if rows == 0:  # every rank is out of data
             return self._close_window(t0) if self.window else None
+        if self.mix is not None:
+            self.source.account(local[2:].tolist())
         s, stepped = self._micro_step(input_ids, labels, position_ids, tokens)
         if pending is not None:
             self.source.mark_trained(pending)
@@ -319,8 +353,8 @@ class Trainer:
         import torch
         import torch.distributed as dist
 
-        saved = self.data_state.get("next_offsets", {})
-        moved = any(saved.get(str(p)) != self.source.offsets[p] for p in self.source.partitions)
+        saved = checkpoint.all_offsets(self.data_state) if self.data_state else {}
+        moved = any(saved.get(k) != o for k, o in checkpoint.owned_offsets(self.source.state_dict()).items())
         flag = torch.tensor([int(moved)], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
@@ -369,7 +403,8 @@ class Trainer:
             if self.checkpoint_due(stats) and self.saved_step != self.progress.step:
                 self.checkpoint()
         if ended:  # the data ended (not --max-steps, 0 included): every sequence of the manifest, exactly
-            verify_consumed(self._data_state(), self.manifest)
+            state = self._data_state()
+            self.source.verify(state) if self.mix is not None else verify_consumed(state, self.manifest)
         if self.saved_step != self.progress.step or not self.data_state or self._offsets_moved():
             self.checkpoint()
         return self.finish(time.perf_counter() - t_start, self.source.wait_seconds - wait_start)
@@ -398,9 +433,13 @@ class Trainer:
                    "tokens_consumed": p.tokens,
                    "sequences_published": self.manifest.sequences, "first_loss": p.first_loss,
                    "last_loss": p.last_loss, "data_wait_fraction": float(waits[0]) / self.world / max(elapsed, 1e-9),
-                   "checkpoint": str(f.checkpoints), "next_offsets": self.data_state["next_offsets"],
+                   "checkpoint": str(f.checkpoints), "next_offsets": self.data_state.get("next_offsets"),
                    "world_size": self.world, "ranks": per_rank, "group_id": self.group_id, "topic": self.manifest.topic,
                    "recipe": self.recipe.name, "init_from": self.args.init_from}
+        if self.mix is not None:  # the realised mixture beside its targets, per night and per window of steps
+            summary["mixture"] = self.source.summary()
+            summary["sequences_published"] = sum(m.sequences for m in self.mix.read_manifests().values())
+            summary["next_offsets"] = {k: c["next_offsets"] for k, c in self.data_state["components"].items()}
         if self.rank == 0:
             summary["export"] = str(exported)
             rows = read_metrics(f.metrics)

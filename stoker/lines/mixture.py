@@ -1,8 +1,8 @@
 """A night over several corpora at target shares (issue 35): how many rows each component trains, and the order
 they are dealt in, so that the shares a model saw are the shares asked for.
 
-Pure logic, no I/O: the first slice of issue 35. The trainer does not read several topics yet; this module is the
-rule it will deal by, tested on its own (tests/unit/test_mixture.py).
+Pure logic, no I/O: the rule the trainer deals a mixture night by (training/data/mixture_source.py), tested on its
+own (tests/unit/test_mixture.py); a night's plan of it is :mod:`stoker.lines.mix_plan`'s.
 
 * **The night's size** (:func:`night_rows`). Each component ``i`` (a corpus of the line, or ``replay``) has
   ``available[i]`` rows published for the night and a target share ``s[i]``. With ``when_short: shrink`` the
@@ -46,6 +46,8 @@ class Mix:
     when_short: str = "shrink"
     stratified: bool = False
     """Deal each batch by itself at the target shares (else: the whole night, every prefix within a row)."""
+    window_steps: int = 100
+    """The accounting's window: realised shares are reported per this many optimizer steps, and for the night."""
 
     def __post_init__(self) -> None:
         if not self.shares:
@@ -62,6 +64,8 @@ class Mix:
             raise ConfigError(f"mix.when_short = {self.when_short!r}: must be one of {', '.join(SHORT_POLICIES)}")
         if not 1 <= self.max_repeats <= 1000:
             raise ConfigError(f"mix.max_repeats = {self.max_repeats!r}: must be in [1, 1000] (1: no row twice)")
+        if not 1 <= self.window_steps <= 1_000_000:
+            raise ConfigError(f"mix.window_steps = {self.window_steps!r}: must be in [1, 1000000] optimizer steps")
 
 
 @dataclass(slots=True)
@@ -130,36 +134,70 @@ def deal(rows: Mapping[str, int], batch: int = 1, stratified: bool = False) -> I
     """The component of each row slot of the night, in order (see the module)."""
     if batch < 1:
         raise ValueError(f"batch = {batch}: must be >= 1")
-    left = {k: n for k, n in rows.items() if n > 0}
-    total = sum(left.values())
-    weights = {k: n / total for k, n in left.items()} if total else {}
-    rows_now, dealt, names = dict(left), dict.fromkeys(left, 0), sorted(left)
-    n = 0
-    while left:
-        if stratified:
-            live = {k: weights[k] for k in left}
-            quota = hamilton(min(batch, sum(left.values())), live)
-            quota = {k: min(q, left[k]) for k, q in quota.items()}
-            short = min(batch, sum(left.values())) - sum(quota.values())
-            for k in sorted(left, key=lambda k: (-(left[k] - quota[k]), k)):  # a component ran out mid-batch
-                if short <= 0:
-                    break
-                extra = min(short, left[k] - quota[k])
-                quota[k] += extra
-                short -= extra
-            yield from _in_order(quota)
-            for k, q in quota.items():
-                left[k] -= q
-                if not left[k]:
-                    del left[k]
-            continue
-        k = _next_slot(n, rows_now, dealt, total, names)
-        n += 1
-        dealt[k] += 1
-        left[k] -= 1
-        if not left[k]:
-            del left[k]
-        yield k
+    dealer = Dealer(rows, stratified=stratified)
+    while dealer.left:
+        yield from dealer.batch(batch)
+
+
+class Dealer:
+    """The night's order from any point of it: its whole state is the rows dealt of each component (the EDF rule
+    and the stratified batches both read only that), so a checkpoint that saves :meth:`state_dict` at a step
+    boundary continues the same order on resume, at any world size."""
+
+    def __init__(self, rows: Mapping[str, int], stratified: bool = False,
+                 dealt: Mapping[str, int] | None = None) -> None:
+        self.rows = {k: n for k, n in rows.items() if n > 0}
+        self.total = sum(self.rows.values())
+        self.names = sorted(self.rows)
+        self.stratified = stratified
+        self.dealt = dict.fromkeys(self.names, 0)
+        for k, n in (dealt or {}).items():
+            if not 0 <= n <= self.rows.get(k, 0):
+                raise ValueError(f"dealt {k} = {n}: outside the night's [0, {self.rows.get(k, 0)}] rows of it")
+            if n:
+                self.dealt[k] = n
+
+    @property
+    def left(self) -> int:
+        return self.total - sum(self.dealt.values())
+
+    def batch(self, size: int) -> list[str]:
+        """The next ``size`` slots (fewer at the night's end)."""
+        if self.stratified:
+            out = list(_in_order(self._quota(size)))
+        else:
+            out = []
+            t = sum(self.dealt.values())
+            for _ in range(min(size, self.left)):
+                k = _next_slot(t, self.rows, self.dealt, self.total, self.names)
+                self.dealt[k] += 1
+                t += 1
+                out.append(k)
+            return out
+        for k in out:
+            self.dealt[k] += 1
+        return out
+
+    def _quota(self, size: int) -> dict[str, int]:
+        """A stratified batch: Hamilton's split of ``size`` at the night's weights, what a component lacks given to
+        those with the most left."""
+        left = {k: self.rows[k] - self.dealt[k] for k in self.names if self.rows[k] > self.dealt[k]}
+        n = min(size, sum(left.values()))
+        if not n:
+            return {}
+        quota = hamilton(n, {k: self.rows[k] / self.total for k in left})
+        quota = {k: min(q, left[k]) for k, q in quota.items()}
+        short = n - sum(quota.values())
+        for k in sorted(left, key=lambda k: (-(left[k] - quota[k]), k)):  # a component ran out mid-batch
+            if short <= 0:
+                break
+            extra = min(short, left[k] - quota[k])
+            quota[k] += extra
+            short -= extra
+        return quota
+
+    def state_dict(self) -> dict[str, int]:
+        return {k: n for k, n in self.dealt.items() if n}
 
 
 def _next_slot(t: int, rows: Mapping[str, int], dealt: Mapping[str, int], total: int, names: list[str]) -> str:
@@ -196,3 +234,85 @@ def realised(slots: list[str]) -> dict[str, float]:
     for s in slots:
         out[s] = out.get(s, 0) + 1
     return {k: v / len(slots) for k, v in out.items()} if slots else {}
+
+
+def pass_counts(sequences: Mapping[int, int], i: int) -> dict[int, int]:
+    """Rows each partition gave after the first ``i`` rows of one pass over a component, by the rule
+    :meth:`NightOrder.step` takes them in: the partition that gave least so far (ties: the lower one), so the
+    partitions are drained level by level. In closed form, so a resume needs no replay of the night."""
+    if not 0 <= i <= sum(sequences.values()):
+        raise ValueError(f"row {i} of a pass over {sum(sequences.values())} rows")
+    lo, hi = 0, max(sequences.values(), default=0)
+    while lo < hi:  # the highest level L every partition with more than L rows has reached
+        mid = (lo + hi + 1) // 2
+        if sum(min(n, mid) for n in sequences.values()) <= i:
+            lo = mid
+        else:
+            hi = mid - 1
+    counts = {p: min(n, lo) for p, n in sequences.items()}
+    extra = i - sum(counts.values())
+    for p in sorted(p for p, n in sequences.items() if n > lo)[:extra]:
+        counts[p] += 1
+    return counts
+
+
+def partition_rows(sequences: Mapping[int, int], rows: int) -> dict[int, int]:
+    """Rows each partition gives when a night trains ``rows`` of the component (passes beyond the first:
+    ``when_short: repeat``)."""
+    size = sum(sequences.values())
+    if size == 0:
+        return dict.fromkeys(sequences, 0)
+    passes, rest = divmod(rows, size)
+    return {p: passes * n + c for (p, n), c in zip(sequences.items(), pass_counts(sequences, rest).values(),
+                                                    strict=True)}
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One row of a step: the ``index``-th record of ``partition`` of ``component``'s topic, in its ``use``-th pass."""
+
+    component: str
+    partition: int
+    index: int
+    use: int
+
+
+class NightOrder:
+    """Which record each row slot of the night is: the component from :class:`Dealer`, then within the
+    component the partition that gave least in this pass (ties: the lower one), its next record; after a pass
+    the component's partitions start over (``when_short: repeat``). A function of the night's rows and the
+    manifests' per-partition counts only, resumed from the dealt counts: every rank computes the whole order,
+    and trains the slots of the partitions it owns."""
+
+    def __init__(self, rows: Mapping[str, int], sequences: Mapping[str, Mapping[int, int]], stratified: bool = False,
+                 dealt: Mapping[str, int] | None = None) -> None:
+        self.dealer = Dealer(rows, stratified, dealt)
+        self.sequences = {k: dict(sorted(v.items())) for k, v in sequences.items()}
+        self.size = {k: sum(v.values()) for k, v in self.sequences.items()}
+        for k, n in self.dealer.rows.items():
+            if not self.size.get(k):
+                raise ValueError(f"{k}: {n} rows to train from a component with no rows")
+        self._counts = {k: pass_counts(self.sequences[k], self.dealer.dealt.get(k, 0) % self.size[k])
+                        for k in self.dealer.rows}
+
+    @property
+    def left(self) -> int:
+        return self.dealer.left
+
+    def step(self, size: int) -> list[Slot]:
+        """The next ``size`` slots (one optimizer step's rows over every rank; fewer at the night's end)."""
+        out = []
+        row = dict(self.dealer.dealt)
+        for k in self.dealer.batch(size):
+            use, i = divmod(row[k], self.size[k])
+            row[k] += 1
+            counts, seqs = self._counts[k], self.sequences[k]
+            if i == 0 and use:  # a pass ended: the next starts over (when_short: repeat)
+                counts = self._counts[k] = dict.fromkeys(seqs, 0)
+            p = min((q for q in seqs if counts[q] < seqs[q]), key=lambda q: (counts[q], q))
+            out.append(Slot(k, p, counts[p], use))
+            counts[p] += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return self.dealer.state_dict()

@@ -142,7 +142,7 @@ def _training(run_dir: Path, m: Any) -> dict[str, Any] | None:
         return None
     keys = ("steps", "sequences_consumed", "sequences_published", "tokens_consumed", "first_loss", "last_loss",
             "checkpoint", "export", "loss_curve", "data_wait_fraction", "world_size", "recipe", "ranks",
-            "sequences_replayed")
+            "sequences_replayed", "mixture")
     return {**{k: data.get(k) for k in keys}, "line": _line(files, m), "replay": _read_json(files.replay_draw) or None}
 
 
@@ -198,6 +198,7 @@ def render(s: dict[str, Any]) -> str:
             *([f"    replayed       {t['sequences_replayed']} sequences of {len(t['replay']['nights'])} earlier "
                f"night(s) (train.replay {t['replay']['share']}; {t['replay']['drawn'] - t['replay']['replayed']} "
                "drawn were gone)"] if t.get("replay") else []),
+            *_render_mixture(t.get("mixture")),
             f"    loss           {t['first_loss']:.3f} -> {t['last_loss']:.3f}",
             f"    data wait      {100 * t['data_wait_fraction']:.2f}% of step time",
             *(f"    rank {r['rank']:<9} partitions {r['partitions']}: {r['tokens_this_session']} label tokens"
@@ -208,6 +209,28 @@ def render(s: dict[str, Any]) -> str:
             *_render_line(t.get("line")),
         ]
     return "\n".join([*lines, *_render_eval(s.get("holdout"), s.get("eval"))])
+
+
+def _render_mixture(mix: dict[str, Any] | None) -> list[str]:
+    """A mixture night's realised token shares beside its targets, its rows beside what each corpus published, and
+    the widest gap over its windows of steps (training/data/mixture_source.py)."""
+    if not mix:
+        return []
+    real, targets = mix["realised"], mix["targets"]
+    gaps = [(abs(w["token_shares"].get(k, 0.0) - share), w["steps"], k)
+            for w in mix["windows"] for k, share in targets.items()]
+    gap, steps, worst = max(gaps, default=(0.0, [0, 0], "-"))
+    rows = "  ".join(f"{k} {n} of {mix['available'][k]}" + (f" (+{mix['repeated'][k]} repeated)"
+                                                            if mix["repeated"].get(k) else "")
+                     + (f" ({mix['left'][k]} left in its topic)" if mix["left"].get(k) else "")
+                     for k, n in real["rows"].items())
+    return [
+        "    mixture        " + "  ".join(f"{k} {real['token_shares'].get(k, 0.0):.4f} (target {s:.4f})"
+                                          for k, s in targets.items())
+        + f" of label tokens; when_short {mix['when_short']}{', stratified' if mix['stratified'] else ''}",
+        f"    mixed rows     {rows}",
+        f"    per {mix['window_steps']} steps  widest gap {100 * gap:.2f} pp ({worst}, steps {steps[0]}-{steps[1]})",
+    ]
 
 
 def _render_eval(holdout: dict[str, Any] | None, ev: dict[str, Any] | None) -> list[str]:

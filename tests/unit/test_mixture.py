@@ -6,13 +6,14 @@ floor or ceiling of its share, and nothing is left untrained without being named
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stoker.exceptions import ConfigError
-from stoker.lines.mixture import Mix, deal, hamilton, night_rows, realised
+from stoker.lines.mixture import Mix, NightOrder, deal, hamilton, night_rows, partition_rows, pass_counts, realised
 
 pytestmark = pytest.mark.unit
 
@@ -132,3 +133,38 @@ def test_a_corpus_without_a_share_or_a_share_without_rows_is_an_error():
         night_rows(mix, {"web": 10})
     with pytest.raises(ConfigError, match="gives them no share"):
         night_rows(mix, {"web": 10, "code": 10, "papers": 3})
+
+
+@settings(max_examples=200, deadline=None)
+@given(seqs=st.dictionaries(st.integers(0, 7), st.integers(0, 30), min_size=1), data=st.data())
+def test_pass_counts_is_the_least_advanced_rule_in_closed_form(seqs, data):
+    counts = dict.fromkeys(seqs, 0)
+    for i in range(sum(seqs.values()) + 1):
+        assert pass_counts(seqs, i) == counts, i
+        live = [p for p in sorted(seqs) if counts[p] < seqs[p]]
+        if live:
+            counts[min(live, key=lambda p: (counts[p], p))] += 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.dictionaries(st.sampled_from(NAMES), st.integers(1, 120), min_size=1, max_size=4),
+       data=st.data(), stratified=st.booleans())
+def test_the_night_order_resumed_from_its_dealt_counts_continues_the_same_slots(rows, data, stratified):
+    sequences = {k: dict(enumerate(data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=4)))) for k in rows}
+    step = data.draw(st.integers(1, 16))
+    whole = NightOrder(rows, sequences, stratified)
+    slots = []
+    while whole.left:
+        slots += whole.step(step)
+    cut = data.draw(st.integers(0, len(slots) // step)) * step  # a checkpoint at a step boundary
+    head = NightOrder(rows, sequences, stratified)
+    for _ in range(cut // step):
+        head.step(step)
+    again, tail = NightOrder(rows, sequences, stratified, head.state_dict()), []
+    while again.left:
+        tail += again.step(step)
+    assert slots[cut:] == tail
+    for k, n in rows.items():  # every record of a pass once before any twice; the counts the trainer checks
+        mine = [s for s in slots if s.component == k]
+        assert len(mine) == n and Counter((s.partition, s.index) for s in mine if s.use == 0).most_common(1)[0][1] == 1
+        assert Counter(s.partition for s in mine) == Counter(partition_rows(sequences[k], n))

@@ -261,6 +261,48 @@ class KafkaTokenSource:
         return Pending(batch=make_batch(seqs, keys, self.manifest.seq_len), next_offsets=dict(self._pos),
                        counts=counts)
 
+    def take(self, p: int) -> Any:
+        """The next record of this rank's partition ``p`` in offset order, whatever the order rule of
+        :meth:`next_batch` (a mixture deals rows across topics by its own rule: training/data/mixture_source.py).
+        Offsets are not advanced until :meth:`mark_trained`; a partition that ends before the record is
+        :class:`DataLost`."""
+        if self._consumer is None:
+            self._open()
+        if not self._buf[p]:
+            self._fill(p)
+        msg = self._buf[p].popleft() if self._buf[p] else None
+        if msg is None or msg.offset() >= self.end[p]:
+            raise DataLost(f"{self.manifest.topic} partition {p} ended at offset {self._pos[p]} (its range is "
+                           f"[{self.start[p]}, {self.end[p]}), {self.consumed[p]} read of its {self.sequences(p)} "
+                           "sequences before this session): records the night was planned to train are missing")
+        self._pos[p] = msg.offset() + 1
+        return msg
+
+    def sequences(self, p: int) -> int:
+        return next(r.sequences for r in self.manifest.partitions if r.partition == p)
+
+    def position(self, p: int) -> int:
+        """The offset after the last record :meth:`take` returned from ``p`` (the next one to read)."""
+        return self._pos[p] if self._consumer is not None else self.offsets[p]
+
+    def rewind(self, p: int) -> None:
+        """Read partition ``p`` again from its start offset (a night that repeats a short corpus)."""
+        from confluent_kafka import TopicPartition
+
+        if self._consumer is None:
+            self._open()
+        tp = TopicPartition(self.manifest.topic, p, self.start[p])
+        self._buf[p] = deque()
+        self._pos[p] = self.start[p]
+        if p in self._paused:
+            self._consumer.resume([TopicPartition(self.manifest.topic, p)])
+            self._paused.discard(p)
+        if p in {a.partition for a in self._consumer.assignment()}:
+            self._consumer.seek(tp)
+        else:  # it was at its end when this session opened
+            self._consumer.incremental_assign([tp])
+        self._live.add(p)
+
     def mark_trained(self, pending: Pending) -> None:
         """The step that consumed ``pending`` is done: its offsets (and read counts) become the source's
         state. In memory only: the trainer's checkpoint saves them, then commits them to Kafka."""
