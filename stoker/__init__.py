@@ -18,6 +18,7 @@ stoker.config: what a person writes
     stoker.config.quality       its ``quality:`` block: the document filters and PII scrubbing
     stoker.config.eval          its ``eval:`` block: held-out share, the gate's floors, review
     stoker.config.recipes       named training recipes and recipe YAMLs
+    stoker.config.line          ``corpora/lines/<name>.yaml``: a line's mixture of its corpora and its deadline
     stoker.config.schema        YAML mappings into dataclasses, every key and type checked
     stoker.config.reference     docs/config.md, generated from the dataclasses
 
@@ -55,7 +56,7 @@ stoker.lines: model lines
     stoker.lines.replay         earlier nights' sequences mixed into a night
     stoker.lines.replay_rows    replay rows on disk: streamed in, memory-mapped out
     stoker.lines.mixture        a night over several corpora at target shares: its rows and their order
-    stoker.lines.mix_plan       a mixture night's plan: its manifests and rows, written once
+    stoker.lines.mix_plan       a mixture night's plan: its manifests and rows, written once, and its deadline
 
 stoker.reports: what people read
     stoker.reports.runs         a run's summary

@@ -316,6 +316,7 @@ class LineLayout:
 
         <state>/lines/<line>/nights/<ds>.<corpus>   a link to the night's folder in .store (NightFiles)
         <state>/lines/<line>/nights/.store/         night folders; a promotion swaps the link atomically
+        <state>/lines/<line>/mixes/<ds>.json        a mixture night's plan (stoker.lines.mix_plan), written once
     """
 
     folder: Path
@@ -339,6 +340,10 @@ class LineLayout:
 
     def night(self, ds: str, corpus: str) -> NightFiles:
         return NightFiles(self.nights_dir / f"{ds}.{corpus}")
+
+    def mix_plan(self, ds: str) -> Path:
+        """Night ``ds``'s plan when the line trains a mixture (``corpora/lines/<line>.yaml``)."""
+        return self.folder / "mixes" / f"{ds}.json"
 
     def nights(self) -> list[NightFiles]:
         """Every night with a record, by name (date, then corpus)."""

@@ -37,6 +37,9 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("Evaluation", "eval", "stoker.config.eval:EvalConfig"),
     ("Recipe (`corpora/recipes/<name>.yaml`)", "", "stoker.config.recipes:TrainRecipe"),
     ("Recipe model shape", "model", "stoker.config.recipes:ModelShape"),
+    ("Line (`corpora/lines/<name>.yaml`)", "", "stoker.config.line:LineConfig"),
+    ("Line mixture", "mix", "stoker.lines.mixture:Mix"),
+    ("Line deadline", "deadline", "stoker.config.line:DeadlineConfig"),
 ]
 
 INTRO = """\
@@ -47,7 +50,9 @@ Generated from the dataclasses that validate the files (`stoker/config/corpus.py
 `corpora/` (or `$STOKER_CORPORA`); a bad value fails when the DAG file is parsed, with an error naming the
 field, the value, the limit and what to do. A recipe is a built-in name (`debug_cpu`, `small_1gpu`,
 `multi_8gpu`) or a YAML file `corpora/recipes/<name>.yaml` (`base:` a built-in, then the fields to change;
-see `corpora/recipes/example.yaml`).
+see `corpora/recipes/example.yaml`). A line trained on a mixture of its corpora is a YAML file
+`corpora/lines/<name>.yaml` (see `corpora/examples/lines/web_code_papers.yaml`; the DAGs do not read it yet: the
+trainer does, through a night's mix plan).
 """
 
 

@@ -64,7 +64,10 @@ def check_type(where: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, dict) or not all(isinstance(v, str | int | float) and not isinstance(v, bool)
                                                   for v in value.values()):
             raise fail(where, value, "must be a mapping of names to values")
-        return {str(k): str(v) for k, v in value.items()}
+        inner = typing.get_args(tp)[1] if typing.get_args(tp) else str
+        if inner is str:
+            return {str(k): str(v) for k, v in value.items()}
+        return {str(k): check_type(f"{where}.{k}", v, inner) for k, v in value.items()}
     if tp is date:
         if isinstance(value, date):
             return value

@@ -15,10 +15,12 @@ the file's one writer; :func:`write_plan` checks, at the write:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from stoker.config.line import LineConfig
 from stoker.exceptions import ConfigError, StokerError
 from stoker.files import atomic_write_json
 from stoker.lines.mixture import Mix, NightMix, night_rows
@@ -32,9 +34,12 @@ _SAME = ("seq_len", "dtype", "vocab_size", "tokenizer_sha256")
 @dataclass(frozen=True, slots=True)
 class MixPlan:
     mix: Mix
+    """The mix trained: the line's, or at a deadline its published corpora's shares scaled up to sum to 1."""
     manifests: dict[str, str]
     """Component → its night's manifest.json."""
     night: NightMix
+    missing: dict[str, str] = field(default_factory=dict)
+    """Corpora of the line's mix the night trains without (``deadline.when_missing: train_rest``), and why."""
 
     def read_manifests(self) -> dict[str, Manifest]:
         return {k: read_manifest(p) for k, p in self.manifests.items()}
@@ -42,22 +47,24 @@ class MixPlan:
     def to_dict(self) -> dict[str, Any]:
         mix = asdict(self.mix)
         mix["shares"] = dict(self.mix.shares)
-        return {"version": PLAN_VERSION, "mix": mix, "manifests": dict(self.manifests), "night": asdict(self.night)}
+        return {"version": PLAN_VERSION, "mix": mix, "manifests": dict(self.manifests), "night": asdict(self.night),
+                "missing": dict(self.missing)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str) -> MixPlan:
         if data.get("version") != PLAN_VERSION:
             raise StokerError(f"{where}: mix plan version {data.get('version')!r}, this Stoker reads {PLAN_VERSION}")
-        return cls(mix=Mix(**data["mix"]), manifests=dict(data["manifests"]), night=NightMix(**data["night"]))
+        return cls(mix=Mix(**data["mix"]), manifests=dict(data["manifests"]), night=NightMix(**data["night"]),
+                   missing=dict(data.get("missing", {})))
 
 
-def plan_mixture(mix: Mix, manifests: dict[str, str | Path]) -> MixPlan:
+def plan_mixture(mix: Mix, manifests: Mapping[str, str | Path], missing: Mapping[str, str] | None = None) -> MixPlan:
     """The night's rows per component over the manifests' sequences (checked as the module says)."""
     read = {k: read_manifest(p) for k, p in manifests.items()}
-    missing, unshared = sorted(set(mix.shares) - set(read)), sorted(set(read) - set(mix.shares))
-    if missing or unshared:
+    absent, unshared = sorted(set(mix.shares) - set(read)), sorted(set(read) - set(mix.shares))
+    if absent or unshared:
         raise ConfigError(f"mix.shares names {sorted(mix.shares)}, the night's manifests are of {sorted(read)}: "
-                          f"{'no manifest for ' + str(missing) if missing else ''}"
+                          f"{'no manifest for ' + str(absent) if absent else ''}"
                           f"{'; no share for ' + str(unshared) if unshared else ''}. Give every corpus of the "
                           "line a share, and train once each has published")
     first = next(iter(read))
@@ -68,10 +75,11 @@ def plan_mixture(mix: Mix, manifests: dict[str, str | Path]) -> MixPlan:
                               f"batches, so they must be packed alike (as {first}'s is): re-publish the others with "
                               "its tokenizer and seq_len")
     night = night_rows(mix, {k: m.sequences for k, m in read.items()})
-    return MixPlan(mix=mix, manifests={k: str(Path(p).resolve()) for k, p in manifests.items()}, night=night)
+    return MixPlan(mix=mix, manifests={k: str(Path(p).resolve()) for k, p in manifests.items()}, night=night,
+                   missing=dict(missing or {}))
 
 
-def write_plan(path: Path, plan: MixPlan) -> Path:
+def write_plan(path: Path, plan: MixPlan) -> MixPlan:
     """Write ``plan`` at ``path`` once; the same plan again is a no-op, another is refused."""
     if path.is_file():
         old = read_plan(path)
@@ -79,9 +87,9 @@ def write_plan(path: Path, plan: MixPlan) -> Path:
             raise StokerError(f"{path} already plans this night as {old.night.rows} over {old.manifests}; the new "
                               f"plan is {plan.night.rows} over {plan.manifests}. A trainer's checkpoint counts rows of "
                               "the first: remove the night's trainer folder and this file to train the new mixture")
-        return path
+        return old
     atomic_write_json(path, plan.to_dict())
-    return path
+    return plan
 
 
 def read_plan(path: str | Path) -> MixPlan:
@@ -90,3 +98,75 @@ def read_plan(path: str | Path) -> MixPlan:
     except (OSError, ValueError) as e:
         raise StokerError(f"mix plan {path} cannot be read ({e}): write it with stoker.lines.mix_plan") from e
     return MixPlan.from_dict(data, str(path))
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """Whether a line's night can be planned now, from which of its corpora have published it."""
+
+    ready: bool
+    published: dict[str, float]
+    """Corpus → when its night's manifest was written (epoch seconds)."""
+    missing: list[str]
+    deadline: float | None
+    """When the line stops waiting for the missing (the first publication + ``deadline.after_s``)."""
+    why: str
+
+
+def arrivals(shares: Mapping[str, float], published: Mapping[str, float], now: float, after_s: float,
+             when_missing: str) -> Arrivals:
+    """The deadline rule: every corpus published, or the deadline passed and the line trains the rest (``train_rest``);
+    else it waits, saying for whom and until when."""
+    missing = sorted(k for k in shares if k not in published)
+    have = {k: t for k, t in published.items() if k in shares}
+    if not missing:
+        return Arrivals(True, have, [], None, "every corpus of the mix has published the night")
+    if not have:
+        return Arrivals(False, have, missing, None, f"no corpus of the mix has published the night yet: {missing}")
+    deadline = min(have.values()) + after_s
+    if now < deadline:
+        return Arrivals(False, have, missing, deadline, f"waiting for {missing} until the deadline "
+                        f"({deadline - now:.0f} s left; deadline.after_s = {after_s:.0f} after the first publication)")
+    if when_missing == "wait":
+        return Arrivals(False, have, missing, deadline, f"{missing} missed the deadline by {now - deadline:.0f} s; "
+                        "deadline.when_missing = wait: the night waits for them")
+    return Arrivals(True, have, missing, deadline, f"{missing} missed the deadline by {now - deadline:.0f} s; "
+                    f"deadline.when_missing = train_rest: the night trains {sorted(have)}")
+
+
+def rest_of(mix: Mix, present: list[str]) -> Mix:
+    """``mix`` over ``present`` only: their shares scaled up to sum to 1."""
+    total = sum(mix.shares[k] for k in present)
+    return replace(mix, shares={k: mix.shares[k] / total for k in sorted(present)})
+
+
+def published_at(manifest: Manifest) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(manifest.created_at).timestamp() if manifest.created_at else 0.0
+
+
+def plan_night(line: LineConfig, ds: str, now: float) -> tuple[Arrivals | None, MixPlan | None]:
+    """The line's plan for night ``ds``: the one written before (a relaunch, a retry: a corpus that publishes
+    later does not change it), or, once :func:`arrivals` says so, a new one over the corpora that published, written
+    at :meth:`stoker.layout.LineLayout.mix_plan`. A corpus whose night kept no document counts as missing (it has no
+    row to give) without holding the night. ``(arrivals, None)`` while the night waits."""
+    from stoker.layout import LineLayout, RunLayout
+
+    path = LineLayout.of(line.name).mix_plan(ds)
+    if path.is_file():
+        return None, read_plan(path)
+    found = {k: RunLayout.of(k, ds).manifest for k in line.mix.shares}
+    read = {k: read_manifest(p) for k, p in found.items() if p.is_file()}
+    arr = arrivals(line.mix.shares, {k: published_at(m) for k, m in read.items()}, now, line.deadline.after_s,
+                   line.deadline.when_missing)
+    if not arr.ready:
+        return arr, None
+    missing = {k: f"not published by the deadline ({line.deadline.after_s} s after the first corpus)"
+               for k in arr.missing}
+    missing |= {k: "published no sequence (every document was dropped)" for k, m in read.items() if not m.sequences}
+    present = sorted(k for k in read if k not in missing)
+    if not present:
+        return replace(arr, ready=False, why=f"no corpus has rows for the night: {missing}"), None
+    mix = rest_of(line.mix, present) if missing else line.mix
+    return arr, write_plan(path, plan_mixture(mix, {k: found[k] for k in present}, missing))

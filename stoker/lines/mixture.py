@@ -40,10 +40,15 @@ SHARE_SUM_TOLERANCE = 1e-6
 class Mix:
     """A line's ``mix:``: target shares per component, the repeat cap and what a short source does."""
 
-    shares: Mapping[str, float]
+    shares: dict[str, float]
+    """Target share of each component (a corpus of the line; ``replay`` as a component is not built yet), summing
+    to 1: ``{web: 0.6, code: 0.3, papers: 0.1}``. Shares of rows, which are tokens too: every row is ``seq_len + 1``
+    ids."""
     max_repeats: float = 1.0
     """How many times a row may be used in one night (``when_short: repeat``); 1: never twice."""
     when_short: str = "shrink"
+    """When a component has fewer rows than its share of the night: ``shrink`` the night to what it allows (the
+    others' rest stays in their topics, named), or ``repeat`` its rows up to ``max_repeats`` uses each."""
     stratified: bool = False
     """Deal each batch by itself at the target shares (else: the whole night, every prefix within a row)."""
     window_steps: int = 100

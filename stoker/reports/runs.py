@@ -230,6 +230,7 @@ def _render_mixture(mix: dict[str, Any] | None) -> list[str]:
         + f" of label tokens; when_short {mix['when_short']}{', stratified' if mix['stratified'] else ''}",
         f"    mixed rows     {rows}",
         f"    per {mix['window_steps']} steps  widest gap {100 * gap:.2f} pp ({worst}, steps {steps[0]}-{steps[1]})",
+        *(f"    left out       {k}: {why}" for k, why in (mix.get("missing") or {}).items()),
     ]
 
 

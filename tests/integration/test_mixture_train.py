@@ -75,7 +75,8 @@ def test_a_mixture_night_killed_and_resumed_at_another_world_size_trains_the_pla
             manifests[name] = publish_run(kafka_config, sample_corpus["tokenizer"], tmp_path / name, partitions=parts,
                                           per_partition=per, name=name)
         mix = Mix(shares=SHARES, when_short="repeat", max_repeats=2)
-        plan_path = write_plan(tmp_path / "mix.json", plan_mixture(mix, paths))
+        plan_path = tmp_path / "mix.json"
+        write_plan(plan_path, plan_mixture(mix, paths))
         plan = read_plan(plan_path)
         assert plan.night.rows == {"web": 480, "code": 240, "papers": 80}  # web whole; the others repeat 20 rows each
         assert plan.night.repeated == {"code": 20, "papers": 20} and not plan.night.left

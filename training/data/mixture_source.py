@@ -218,7 +218,8 @@ class MixtureSource:
         return {"targets": dict(self.plan.mix.shares), "when_short": self.plan.mix.when_short,
                 "stratified": self.plan.mix.stratified, "planned_rows": dict(night.rows),
                 "available": dict(night.available), "left": dict(night.left), "repeated": dict(night.repeated),
-                "binding": night.binding, "topics": {k: r.manifest.topic for k, r in self.readers.items()},
+                "binding": night.binding, "missing": dict(self.plan.missing),
+                "topics": {k: r.manifest.topic for k, r in self.readers.items()},
                 "realised": _shares(totals), "window_steps": step,
                 "windows": [{"steps": [i * step + 1, min((i + 1) * step, self.steps)], **_shares(w)}
                             for i, w in enumerate(self.tally)]}

@@ -1,0 +1,133 @@
+"""A line's mixture config (``corpora/lines/<name>.yaml``) and its night's plan (stoker/lines/mix_plan.py): the
+deadline rule against a small reference, the plan written once over the corpora that published, a late corpus
+that cannot change a written plan, and manifests that cannot share a batch refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stoker.config.corpus import load_corpus
+from stoker.config.line import check_line, load_line
+from stoker.exceptions import ConfigError, StokerError
+from stoker.layout import LineLayout, RunLayout
+from stoker.lines.mix_plan import arrivals, plan_mixture, plan_night, read_plan, write_plan
+from stoker.lines.mixture import Mix
+from stoker.run.manifest import Manifest, PartitionRange, write_manifest
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parents[2]
+SHARES = {"web": 0.6, "code": 0.3, "papers": 0.1}
+T0 = 1_800_000_000.0
+
+
+def manifest(corpus: str, ds: str, sequences: int, at: float = T0, seq_len: int = 32) -> Path:
+    run = RunLayout.of(corpus, ds)
+    from datetime import UTC, datetime
+
+    m = Manifest(run_id=f"{corpus}/{ds}", corpus=corpus, ds=ds, topic=f"stoker.{corpus}.{ds.replace('-', '')}.a1",
+                 partitions=[PartitionRange(partition=0, start_offset=0, end_offset=sequences + 1,
+                                            sequences=sequences)],
+                 seq_len=seq_len, dtype="uint16", tokenizer_path="/t.json", tokenizer_sha256="0" * 64,
+                 vocab_size=8192, docs_in=sequences, docs_kept=sequences, docs_dropped={}, tokens=sequences * 33,
+                 padding_tokens=0, sequences=sequences, source_uri="/x",
+                 created_at=datetime.fromtimestamp(at, UTC).isoformat())
+    write_manifest(run.run_dir, m)
+    return run.manifest
+
+
+def line_file(tmp_path: Path, text: str, name: str = "mixed") -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(text)
+    return p
+
+
+@settings(max_examples=300, deadline=None)
+@given(published=st.dictionaries(st.sampled_from(sorted(SHARES)), st.floats(0, 1000)),
+       now=st.floats(0, 3000), after=st.floats(0, 2000), policy=st.sampled_from(["train_rest", "wait"]))
+def test_the_deadline_rule_against_its_reference(published, now, after, policy):
+    got = arrivals(SHARES, published, now, after, policy)
+    missing = sorted(set(SHARES) - set(published))
+    if not missing:
+        ready = True
+    elif not published:
+        ready = False
+    else:
+        ready = now >= min(published.values()) + after and policy == "train_rest"
+    assert got.ready == ready and got.missing == missing
+    assert all(k in got.why for k in missing)  # whoever holds the night, or is left out, is named
+
+
+def test_a_line_file_names_its_mix_and_its_errors(tmp_path):
+    line = load_line(line_file(tmp_path, "mix:\n  shares: {web: 0.6, code: 0.3, papers: 0.1}\n"
+                                          "deadline: {after_s: 600, when_missing: wait}\n"))
+    assert line.name == "mixed" and line.lead == "web" and line.mix.shares == SHARES
+    for text, match in [
+        ("mix: {shares: {web: 0.7, code: 0.2}}\n", "sum to 0.8999"),
+        ("mix: {shares: {web: 1.0}}\ndeadline: {when_missing: later}\n", "deadline.when_missing"),
+        ("mix: {shares: {web: 0.5, replay: 0.5}}\n", "replay as a mixture component is not built yet"),
+        ("mix: {shares: {web: 1.0}, colour: 3}\n", r"unknown key\(s\) \['colour'\]"),
+        ("mix: {shares: {web: lots}}\n", "mix.shares.web"),
+        ("mix: {shares: {web: 1.0}}\nlead: code\n", "lead"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            load_line(line_file(tmp_path, text))
+
+
+def test_every_corpus_of_a_mix_must_exist_and_train_on_the_line(tmp_path):
+    sample = load_corpus(REPO / "corpora" / "sample.yaml")
+    web = dataclasses.replace(sample, name="web", train=dataclasses.replace(sample.train, line="mixed"))
+    code = dataclasses.replace(sample, name="code", train=dataclasses.replace(sample.train, line="code"))
+    line = load_line(line_file(tmp_path, "mix: {shares: {web: 0.5, code: 0.3, papers: 0.2}}\n"))
+    errors = check_line(line, {"web": web, "code": code})
+    assert any("papers, which has no corpus file" in e for e in errors)
+    assert any("corpus code trains line 'code'" in e for e in errors)
+    assert check_line(line, {"web": web, "code": dataclasses.replace(code, train=web.train),
+                             "papers": dataclasses.replace(web, name="papers")}) == []
+
+
+def test_the_example_line_validates():
+    for path in (REPO / "corpora" / "examples" / "lines").glob("*.yaml"):
+        assert load_line(path).mix.shares
+
+
+def test_a_night_waits_for_its_corpora_then_trains_the_rest_and_its_plan_is_written_once(home, tmp_path):
+    line = load_line(line_file(tmp_path, "mix: {shares: {web: 0.6, code: 0.3, papers: 0.1}}\n"
+                                          "deadline: {after_s: 600}\n"))
+    ds = "2026-12-01"
+    manifest("web", ds, 600)
+    arr, plan = plan_night(line, ds, now=T0 + 10)
+    assert plan is None and not arr.ready and "['code', 'papers']" in arr.why and arr.deadline == T0 + 600
+    manifest("code", ds, 300, at=T0 + 20)
+    arr, plan = plan_night(line, ds, now=T0 + 601)  # papers is late: the night trains web and code at 2:1
+    assert plan is not None and sorted(plan.manifests) == ["code", "web"] and "papers" in plan.missing
+    assert plan.mix.shares == pytest.approx({"web": 2 / 3, "code": 1 / 3}) and plan.night.rows == {"web": 600,
+                                                                                                   "code": 300}
+    assert LineLayout.of("mixed").mix_plan(ds).is_file()
+    manifest("papers", ds, 100, at=T0 + 700)
+    again = plan_night(line, ds, now=T0 + 800)[1]  # a relaunch: the written plan, not a new one with papers
+    assert again == plan
+    with pytest.raises(StokerError, match="already plans this night"):
+        write_plan(LineLayout.of("mixed").mix_plan(ds), plan_mixture(line.mix, {
+            k: RunLayout.of(k, ds).manifest for k in SHARES}))
+
+    ds2 = "2026-12-02"  # all three in time; a corpus whose night kept nothing counts missing without holding it
+    manifest("web", ds2, 900)
+    manifest("code", ds2, 0, at=T0 + 5)
+    manifest("papers", ds2, 100, at=T0 + 6)
+    _, plan = plan_night(line, ds2, now=T0 + 7)
+    assert plan is not None and plan.missing == {"code": "published no sequence (every document was dropped)"}
+    assert plan.night.rows == {"web": 600, "papers": 100} and plan.night.left == {"web": 300}
+    assert read_plan(LineLayout.of("mixed").mix_plan(ds2)) == plan
+
+
+def test_manifests_that_cannot_share_a_batch_are_refused_by_name(home):
+    paths = {"web": manifest("web", "2026-12-03", 60), "code": manifest("code", "2026-12-03", 30, seq_len=64)}
+    with pytest.raises(ConfigError, match="differ in seq_len"):
+        plan_mixture(Mix(shares={"web": 0.5, "code": 0.5}), paths)
+    with pytest.raises(ConfigError, match="no share for"):
+        plan_mixture(Mix(shares={"web": 1.0}), paths)
