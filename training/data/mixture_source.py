@@ -29,8 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from stoker.exceptions import StokerError
 from stoker.lines.mix_plan import MixPlan
 from stoker.lines.mixture import NightOrder, Slot, partition_rows
@@ -79,6 +77,9 @@ class MixtureSource:
         self._chunks: list[list[Slot]] = []
         self._micro = 0
         self._wait = 0.0
+        self._index = {k: i for i, k in enumerate(self.names)}
+        self._prefix = {k: r.manifest.topic.encode() + b":" for k, r in self.readers.items()}
+        """The keys audit's name of a row: ``<topic>:<key>`` (keys are unique within a topic only)."""
 
     # -- what the trainer asks of any source ---------------------------------------------------
     @property
@@ -123,9 +124,9 @@ class MixtureSource:
     def _deal_step(self) -> None:
         slots = self.order.step(self.step_rows)
         mine = [s for s in slots if s.partition in self.owned[s.component]]
-        cuts = np.linspace(0, len(mine), self.accumulation + 1).round().astype(int)  # ceil-first would also do
+        q, r = divmod(len(mine), self.accumulation)  # the larger chunks first: a micro-step in which no rank has
+        cuts = [i * q + min(i, r) for i in range(self.accumulation + 1)]  # a row ends the night
         self._chunks = [mine[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-        self._chunks.sort(key=len, reverse=True)  # rows first: a micro-step no rank has rows in ends the night
         if slots:
             self.steps += 1
 
@@ -144,14 +145,14 @@ class MixtureSource:
         for s in chunk:
             msg = self._take(s)
             seqs.append(records.decode(msg.value(), msg.headers(), self.seq_len))
-            keys.append(b"%s:%s" % (self.readers[s.component].manifest.topic.encode(), msg.key()))
+            keys.append(self._prefix[s.component] + msg.key())
             part = taken.setdefault(s.component, {})
             part[s.partition] = part.get(s.partition, 0) + 1
         batch = make_batch(seqs, keys, self.seq_len)
         row_tokens = (batch.labels != IGNORE).sum(axis=1)
         rows, tokens = [0] * len(self.names), [0] * len(self.names)
         for s, t in zip(chunk, row_tokens, strict=True):
-            i = self.names.index(s.component)
+            i = self._index[s.component]
             rows[i] += 1
             tokens[i] += int(t)
         positions = {k: {p: self.readers[k].position(p) for p in ps} for k, ps in taken.items()}
