@@ -321,3 +321,13 @@ class NightOrder:
 
     def state_dict(self) -> dict[str, int]:
         return self.dealer.state_dict()
+
+
+def rank_chunks(slots: list[Slot], owned: Mapping[str, set[int]], accumulation: int) -> list[list[Slot]]:
+    """One rank's rows of a step (the slots of the partitions it ``owned``, in the step's order) cut into its
+    ``accumulation`` micro-steps, the larger first (sizes differ by one at most): then a micro-step in which no
+    rank has a row can only be the night's last, which the trainer takes for its end."""
+    mine = [s for s in slots if s.partition in owned.get(s.component, ())]
+    q, r = divmod(len(mine), accumulation)
+    cuts = [i * q + min(i, r) for i in range(accumulation + 1)]
+    return [mine[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]

@@ -13,7 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stoker.exceptions import ConfigError
-from stoker.lines.mixture import Mix, NightOrder, deal, hamilton, night_rows, partition_rows, pass_counts, realised
+from stoker.lines.mixture import (
+    Mix,
+    NightOrder,
+    deal,
+    hamilton,
+    night_rows,
+    partition_rows,
+    pass_counts,
+    rank_chunks,
+    realised,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -168,3 +178,23 @@ def test_the_night_order_resumed_from_its_dealt_counts_continues_the_same_slots(
         mine = [s for s in slots if s.component == k]
         assert len(mine) == n and Counter((s.partition, s.index) for s in mine if s.use == 0).most_common(1)[0][1] == 1
         assert Counter(s.partition for s in mine) == Counter(partition_rows(sequences[k], n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.dictionaries(st.sampled_from(NAMES), st.integers(1, 80), min_size=1, max_size=3),
+       data=st.data(), world=st.integers(1, 4), accumulation=st.integers(1, 4), micro=st.integers(1, 4))
+def test_a_steps_rows_are_split_over_the_ranks_that_own_them_and_no_micro_step_is_empty_before_the_end(
+        rows, data, world, accumulation, micro):
+    sequences = {k: dict(enumerate(data.draw(st.lists(st.integers(1, 30), min_size=1, max_size=6)))) for k in rows}
+    order, step = NightOrder(rows, sequences), micro * world * accumulation
+    owned = [{k: set(sorted(sequences[k])[r::world]) for k in rows} for r in range(world)]
+    while order.left:
+        slots = order.step(step)
+        chunks = [rank_chunks(slots, owned[r], accumulation) for r in range(world)]
+        assert sorted(map(id, (s for rank in chunks for c in rank for s in c))) == sorted(map(id, slots))
+        for r, rank in enumerate(chunks):
+            assert all(s.partition in owned[r][s.component] for c in rank for s in c)
+            sizes = [len(c) for c in rank]
+            assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1
+        if len(slots) == step:  # a whole step: every micro-step has a row on some rank
+            assert all(any(rank[m] for rank in chunks) for m in range(accumulation))

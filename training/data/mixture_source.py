@@ -31,7 +31,7 @@ from typing import Any
 
 from stoker.exceptions import StokerError
 from stoker.lines.mix_plan import MixPlan
-from stoker.lines.mixture import NightOrder, Slot, partition_rows
+from stoker.lines.mixture import NightOrder, Slot, partition_rows, rank_chunks
 from stoker.run import records
 from stoker.run.manifest import Manifest
 from training.data.batch import IGNORE, Batch, make_batch
@@ -123,10 +123,7 @@ class MixtureSource:
     # -- reading -------------------------------------------------------------------------------
     def _deal_step(self) -> None:
         slots = self.order.step(self.step_rows)
-        mine = [s for s in slots if s.partition in self.owned[s.component]]
-        q, r = divmod(len(mine), self.accumulation)  # the larger chunks first: a micro-step in which no rank has
-        cuts = [i * q + min(i, r) for i in range(self.accumulation + 1)]  # a row ends the night
-        self._chunks = [mine[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+        self._chunks = rank_chunks(slots, self.owned, self.accumulation)
         if slots:
             self.steps += 1
 
