@@ -95,8 +95,7 @@ def publish_mixture(config: dict, data: np.ndarray, partitions: int, folder: Pat
     for name in sorted(SHARES):
         m = publish(config, f"stoker.bench.source.{name}", data[at:at + sizes[name]], partitions)
         at += sizes[name]
-        write_manifest(folder / name, m)
-        paths[name] = folder / name / "manifest.json"
+        paths[name] = write_manifest(folder / name, m)
     return plan_mixture(Mix(shares=SHARES), paths)
 
 

@@ -65,6 +65,7 @@ stoker.reports: what people read
     stoker.reports.gc           ``stoker gc``: retention, dry-run first
     stoker.reports.dropplot     the run page's drops chart and samples
     stoker.reports.lineplot     the run page's line chart
+    stoker.reports.mixplot      the run page's chart of a mixture night's realised shares
 """
 
 __version__ = "0.1.0"

@@ -113,6 +113,11 @@ def _summary_html(run_dir: Path) -> HTMLResponse:
         body += f"<h3>Loss</h3><img alt='loss curve' src='/stoker/runs/{corpus}/{ds}/loss.png'>"
     else:
         body += "<p>Training has not finished yet: the loss curve appears when it has.</p>"
+    mix = (s.get("training") or {}).get("mixture")
+    if mix:  # a mixture night: what the model saw of each corpus, per window of steps
+        from stoker.reports.mixplot import mixture_svg
+
+        body += f"<h3>Mixture: label-token shares per {mix['window_steps']} optimizer steps</h3>" + mixture_svg(mix)
     body += _drops_html(run_dir, s)
     line = ((s.get("training") or {}).get("line") or {}).get("line")
     if line:

@@ -3,7 +3,8 @@ two smaller ones repeated up to their cap, trained on two ranks, killed mid-nigh
 the accumulation (the same rows a step). Every optimizer step trains the keys the night's order names, as a run
 never interrupted would; every record of every topic, as Kafka's own ConsoleConsumer lists them, is trained as often
 as the plan says (once, or twice for the repeated ones); the realised shares over every 100 optimizer steps are
-within half a point of the targets; every topic's offsets reach the training group."""
+within half a point of the targets; every topic's offsets reach the training group; `stoker runs show` and the run
+page report the realised shares."""
 
 from __future__ import annotations
 
@@ -134,5 +135,9 @@ def test_a_mixture_night_killed_and_resumed_at_another_world_size_trains_the_pla
         shown = runs.render(runs.summary(tmp_path / "web"))  # `stoker runs show` of the lead corpus's night
         assert "mixture        code 0.3000 (target 0.3000)" in shown and "papers 80 of 60 (+20 repeated)" in shown
         assert re.search(r"per 100 steps  widest gap 0\.\d\d pp", shown), shown
+        from stoker_airflow.web import _summary_html
+
+        page = _summary_html(tmp_path / "web").body.decode()  # the run page in the Airflow UI: the shares' chart
+        assert "label-token shares per 100 optimizer steps" in page and "papers in steps 101-200" in page
     finally:
         ktopics.delete_topics(kafka_config, [m.topic for m in manifests.values()])
