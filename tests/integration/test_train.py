@@ -156,3 +156,37 @@ def test_the_source_reads_the_manifest_range_only_whatever_follows_it(run):
         assert batches == [rows[i:i + 3] for i in range(0, len(rows), 3)]
         assert {p: src.offsets[p] for p in (rank, rank + 2)} == {p.partition: p.end_offset for p in m.partitions
                                                                if p.partition in (rank, rank + 2)}
+
+
+def test_take_and_rewind_read_a_partition_again_also_when_a_resume_finds_it_at_its_end(run):
+    """A mixture night that repeats a short corpus reads its partitions a second time (``rewind``): from a
+    partition the session is reading (a seek), and from one that was at its end when the session opened (a
+    resume right after a pass: it was never assigned). Each pass is the partition's committed records in
+    offset order, and reading past the last is DataLost, never a silent wrap."""
+    from stoker.run.records import make_key
+    from training.data.kafka_source import DataLost, KafkaTokenSource
+
+    m, _, kafka_config = run
+    first = [make_key(0, 4 * i).decode() for i in range(41)]  # partition 0's keys, in offset order
+
+    def source() -> KafkaTokenSource:
+        return KafkaTokenSource(kafka_config=kafka_config, manifest=m, rank=0, world=1, batch_size=1,
+                                group_id="rewind")
+
+    def read(src: KafkaTokenSource, n: int) -> list[str]:
+        return [src.take(0).key().decode() for _ in range(n)]
+
+    src = source()
+    assert read(src, 41) == first
+    with pytest.raises(DataLost, match="partition 0 ended"):
+        src.take(0)
+    src.rewind(0)  # a seek on the assigned partition
+    assert read(src, 5) == first[:5]
+    state = {**src.state_dict(), "next_offsets": {**src.state_dict()["next_offsets"], "0": m.partitions[0].end_offset}}
+    src.close()
+    again = source()
+    again.load_state_dict(state)  # partition 0 at its end: the new session does not assign it
+    again.take(1)
+    again.rewind(0)
+    assert read(again, 41) == first
+    again.close()
