@@ -87,6 +87,12 @@ from datetime import datetime, timezone
 import dags.refresh_dags as m
 run = m.refresh_sample.test(logical_date=datetime(2026, 12, 1, tzinfo=timezone.utc), run_conf={"review": "hold"})
 print("STATE=" + json.dumps(str(run.state)))
+from airflow.models.asset import AssetEvent, AssetModel
+from airflow.utils.session import create_session
+with create_session() as session:  # what the publish task told Airflow: the corpus's night, keyed by its date
+    rows = session.query(AssetEvent, AssetModel).join(AssetModel, AssetEvent.asset_id == AssetModel.id).filter(
+        AssetModel.name == "stoker.sample.sequences").all()
+    print("EVENTS=" + json.dumps([{"key": e.partition_key, **e.extra} for e, _ in rows]))
 """
 
 
@@ -98,6 +104,11 @@ def test_refresh_sample_end_to_end(kafka_config, sample_corpus, airflow_db):
     assert 'STATE="success"' in out.stdout, out.stdout[-4000:] + out.stderr[-4000:]
     run_dir = RunLayout.of("sample", "2026-12-01").run_dir
     m = read_manifest(run_dir)
+    # the publish task updated the corpus's sequences asset for the night: keyed by its date, naming its manifest
+    events = json.loads(out.stdout.split("EVENTS=", 1)[1].splitlines()[0])
+    want = {"key": "2026-12-01", "run_id": "sample/2026-12-01", "manifest": str(RunLayout(run_dir).manifest),
+            "topic": m.topic, "sequences": m.sequences}
+    assert want in [{k: e.get(k) for k in want} for e in events], events
     assert m.docs_in == m.docs_kept + sum(m.docs_dropped.values())
     assert {"duplicate", "invalid_json", "invalid_utf8", "missing_text", "empty_text"} <= set(m.docs_dropped)
     assert m.end_offsets() == koffsets.end_offsets(kafka_config, m.topic)

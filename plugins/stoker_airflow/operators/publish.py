@@ -121,7 +121,7 @@ class TokenizePublishOperator(SparkSubmitOperator):
 
                 shutil.rmtree(folder, ignore_errors=True)
         self._drop_earlier_attempts(hook.client_config(), topic)
-        _annotate_outlets(self, context, run.run_dir)
+        _annotate_outlets(self, context, run.run_dir, partition=self.ds)  # the corpus's night, keyed by its date
 
     def hand_over(self, secrets: dict[str, str]) -> Path | None:
         """Give the job its secrets (Kafka client config, S3 credentials) without a command line.

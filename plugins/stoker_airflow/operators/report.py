@@ -10,20 +10,25 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseOperatorLink
 
 
-def _annotate_outlets(task: BaseOperator, context: Any, run_dir: Path) -> None:
-    """Attach the run's topic and counts to the asset events of this task's outlets (lineage in the UI)."""
+def _annotate_outlets(task: BaseOperator, context: Any, run_dir: Path, partition: str | None = None) -> None:
+    """Attach the run's topic and counts to the asset events of this task's outlets (lineage in the UI), and the
+    night's date as the events' partition key when ``partition`` is given (the publish task: a consumer scheduled on
+    several corpora's sequences assets, a mixture line, matches their nights by it)."""
+    from stoker.layout import RunLayout
     from stoker.reports.runs import summary
 
     try:
         s = summary(run_dir)
     except Exception:  # noqa: BLE001 - lineage is best effort; the manifest check is the sensor's job
         return
-    extra = {"run_dir": str(run_dir), "topic": s["topic"], "sequences": s["sequences"], "tokens": s["tokens"],
-             "source_uri": s["source_uri"]}
+    extra = {"run_dir": str(run_dir), "run_id": s["run_id"], "manifest": str(RunLayout(run_dir).manifest),
+             "topic": s["topic"], "sequences": s["sequences"], "tokens": s["tokens"], "source_uri": s["source_uri"]}
     if s.get("training"):
         extra.update({k: s["training"][k] for k in ("export", "sequences_consumed", "last_loss")})
     for outlet in task.outlets:
         context["outlet_events"][outlet].extra = extra
+        if partition:
+            context["outlet_events"][outlet].add_partitions(partition)
 
 
 def _ui_base() -> str:
