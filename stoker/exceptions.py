@@ -21,6 +21,11 @@ class StackError(StokerError):
     """The embedded stack (Kafka broker, Airflow home) cannot be set up or reached."""
 
 
+class TopicNotFound(StokerError):
+    """A topic the cluster does not list. Right after a create or a delete this can be metadata that has not
+    reached the broker asked yet, so a caller that has just made the topic asks again."""
+
+
 class KafkaTimeout(StokerError, TimeoutError):
     """A Kafka condition (published offsets, consumer lag) was not met in time."""
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from stoker.exceptions import KafkaTimeout, StokerError
+from stoker.exceptions import KafkaTimeout, StokerError, TopicNotFound
 from stoker.kafka.clients import Role, admin, consumer
 from stoker.kafka.topics import TIMEOUT_S, _wait, create_topic, delete_topics, topic_partitions
 
@@ -48,7 +48,7 @@ def _list_offsets(config: Mapping[str, Any], topic: str, spec: str, committed_on
 
     n = topic_partitions(config, topic)
     if n is None:
-        raise StokerError(f"topic {topic!r} does not exist")
+        raise TopicNotFound(f"topic {topic!r} does not exist")
     level = IsolationLevel.READ_COMMITTED if committed_only else IsolationLevel.READ_UNCOMMITTED
     which = OffsetSpec.latest() if spec == "latest" else OffsetSpec.earliest()
     req = {TopicPartition(topic, p): which for p in range(n)}
@@ -216,7 +216,11 @@ def recreate_topic(
     timeout: float = 60.0,
 ) -> None:
     """Make ``name`` exist and be empty: delete what an earlier run left under that name, wait until
-    the broker has forgotten it (deletion is asynchronous), then create it afresh."""
+    the broker has forgotten it (deletion is asynchronous), then create it afresh.
+
+    Between the create and the check that the topic is empty, the name can vanish: the create answered
+    "already exists" for an old copy whose deletion then finished, or the broker that answers the offsets'
+    metadata has not heard of the new topic yet (seen on the 3-node cluster). Both are asked again."""
     from confluent_kafka import KafkaError, KafkaException
 
     delete_topics(config, [name])
@@ -227,6 +231,8 @@ def recreate_topic(
             if all(v == 0 for v in end_offsets(config, name, committed_only=False).values()):
                 return
             delete_topics(config, [name])  # an old copy answered: try again
+        except TopicNotFound:
+            pass  # gone between the create and the offsets (see above): create it again
         except StokerError as e:
             cause = e.__cause__
             retriable = isinstance(cause, KafkaException) and cause.args[0].code() in (
