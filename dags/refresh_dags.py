@@ -14,9 +14,11 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from stoker import paths
 from stoker.config.corpus import CorpusConfig, load_each
+from stoker.config.line import mixed_corpora
 from stoker.exceptions import ConfigError
-from stoker.layout import RunLayout, line_pool, topic_prefix
-from stoker.run.plan import RUN_PARAMS, refresh_dag
+from stoker.layout import RunLayout, line_pool
+from stoker.run.plan import RUN_PARAMS, line_dag, refresh_dag
+from stoker_airflow.assets import DS, KAFKA_CONN, sequences_asset
 from stoker_airflow.callbacks import stage_finished, stage_started
 from stoker_airflow.operators.evaluate import NightEvalOperator
 from stoker_airflow.operators.publish import TokenizePublishOperator
@@ -25,12 +27,6 @@ from stoker_airflow.operators.review import NightReviewOperator
 from stoker_airflow.operators.train import DeepSpeedTrainOperator
 from stoker_airflow.sensors.kafka import KafkaLagSensor, KafkaPublishedSensor
 from stoker_airflow.sensors.source import SourceReadySensor
-
-# The run's date: the logical date, or the run_after date of a run triggered without one.
-_WHEN = "(dag_run.logical_date or dag_run.run_after)"  # `logical_date` is undefined without one
-DS = "{{ " + _WHEN + ".strftime('%Y-%m-%d') }}"
-KAFKA_CONN = "kafka_default"
-"""The Kafka connection every task uses (the provider's ``kafka`` type; its extra is the client config)."""
 
 DOC = """
 ### Corpus refresh: `{name}`
@@ -81,8 +77,7 @@ def _assets(cfg: CorpusConfig) -> tuple[Asset, Asset, Asset]:
     src = (paths.expand(src) if "://" in src else "file://" + str(paths.resolve_local(src))).rstrip("/") + "/"
     model = RunLayout.of(cfg.name, "").run_dir
     return (Asset(name=src, uri=src, group="corpus"),
-            Asset(name=f"stoker.{cfg.name}.sequences", uri=f"kafka://{KAFKA_CONN}/{topic_prefix(cfg.name)}",
-                  group="sequences"),
+            sequences_asset(cfg.name),
             Asset(name=f"stoker.{cfg.name}.model", uri=f"file://{model}/", group="model"))
 
 
@@ -166,10 +161,23 @@ def _dag_args(cfg: CorpusConfig) -> dict[str, Any]:
     }
 
 
-def build_dag(cfg: CorpusConfig) -> DAG:
+PUBLISH_ONLY = """
+**Publish only**: this corpus is a component of mixture line `{line}` (`corpora/lines/{line}.yaml`). Its nights
+are trained by that line's DAG, `{dag}`, which the publish task's asset event (keyed by the night's date) starts;
+this DAG trains nothing itself.
+"""
+
+
+def build_dag(cfg: CorpusConfig, mixed_in: str | None = None) -> DAG:
+    """``mixed_in``: the mixture line whose DAG trains this corpus's nights; the refresh then only publishes."""
     run = RunLayout.of(cfg.name, DS)  # paths are templates: the date is the run's
     source_asset, topic_asset, model_asset = _assets(cfg)
-    with DAG(**_dag_args(cfg)) as dag:
+    args = _dag_args(cfg)
+    if mixed_in:
+        args["doc_md"] += PUBLISH_ONLY.format(line=mixed_in, dag=line_dag(mixed_in))
+        args["description"] = f"Publication of corpus {cfg.name} for mixture line {mixed_in}: source → Spark → Kafka"
+        args["tags"] = [*args["tags"], f"line:{mixed_in}"]
+    with DAG(**args) as dag:
         await_source = SourceReadySensor(
             task_id="await_source", uri="{{ params.source_uri }}", ds=DS,
             success_marker=cfg.source.success_marker, aws_conn_id=cfg.source.aws_conn_id,
@@ -179,12 +187,14 @@ def build_dag(cfg: CorpusConfig) -> DAG:
             doc_md="Waits until the night's drop is complete (its success marker is present).",
         )
         publish = _publish_group(cfg, run, source_asset, topic_asset)
-        training = _training_group(cfg, run, topic_asset, model_asset)
         report = RunReportOperator(task_id="report", run_dir=str(run.run_dir), trigger_rule="none_failed",
                                    doc_md=("Writes summary.json; links to the run summary and the loss curve. "
                                            "Runs too when training was skipped (a night with no usable "
                                            "document) and says why."))
-        await_source >> publish >> training >> report
+        if mixed_in:
+            await_source >> publish >> report
+        else:
+            await_source >> publish >> _training_group(cfg, run, topic_asset, model_asset) >> report
     return dag
 
 
@@ -213,11 +223,12 @@ def recipe_error(cfg: CorpusConfig) -> str | None:
 
 
 _configs, _errors = load_each(paths.corpora_dir())
+_mixed = mixed_corpora(paths.corpora_dir())  # their nights train in their line's DAG (dags/line_dags.py)
 for _cfg in _configs:
     _bad_recipe = recipe_error(_cfg)
     if _bad_recipe:
         _errors.append(_bad_recipe)
     else:
-        globals()[refresh_dag(_cfg.name)] = build_dag(_cfg)
+        globals()[refresh_dag(_cfg.name)] = build_dag(_cfg, _mixed.get(_cfg.name))
 if _errors:
     stoker_corpus_config_errors = config_errors_dag(_errors)

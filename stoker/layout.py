@@ -317,6 +317,7 @@ class LineLayout:
         <state>/lines/<line>/nights/<ds>.<corpus>   a link to the night's folder in .store (NightFiles)
         <state>/lines/<line>/nights/.store/         night folders; a promotion swaps the link atomically
         <state>/lines/<line>/mixes/<ds>.json        a mixture night's plan (stoker.lines.mix_plan), written once
+        <state>/lines/<line>/mixes/<ds>.claim.json  the Airflow run that trains that night (stoker.lines.mix_plan)
     """
 
     folder: Path
@@ -344,6 +345,10 @@ class LineLayout:
     def mix_plan(self, ds: str) -> Path:
         """Night ``ds``'s plan when the line trains a mixture (``corpora/lines/<line>.yaml``)."""
         return self.folder / "mixes" / f"{ds}.json"
+
+    def mix_claim(self, ds: str) -> Path:
+        """Which run of the line's DAG trains night ``ds`` (several corpora's publications start runs for it)."""
+        return self.folder / "mixes" / f"{ds}.claim.json"
 
     def nights(self) -> list[NightFiles]:
         """Every night with a record, by name (date, then corpus)."""

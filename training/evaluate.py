@@ -144,14 +144,15 @@ def evaluate(model_dir: str, sets: dict[str, Path], baseline_dir: str | None = N
                      for name, h in held.items()}}
 
 
-def evaluate_night(manifest_path: str | Path, plan_path: str | Path, folder: str | Path) -> dict[str, Any] | None:
-    """In the trainer's process, right after its export (rank 0): the night's sets (stoker.lines.eval_sets.eval_sets)
-    scored by the exported model and by the model it continued, into the trainer's ``eval.json``; the evaluate
-    task takes them instead of starting a process that imports torch again. None when the night has no set with
-    a document (``eval.ungated`` decides it)."""
+def evaluate_night(manifest_path: str | Path, plan_path: str | Path, folder: str | Path,
+                   mix_plan: str | Path | None = None) -> dict[str, Any] | None:
+    """In the trainer's process, right after its export (rank 0): the night's sets (stoker.lines.eval_sets.eval_sets,
+    and a mixture night's components' ``mixture_sets``) scored by the exported model and by the model it continued,
+    into the trainer's ``eval.json``; the evaluate task takes them instead of starting a process that imports torch
+    again. None when the night has no set with a document (``eval.ungated`` decides it)."""
     from stoker.files import atomic_write_json
     from stoker.layout import RunLayout, TrainerFiles
-    from stoker.lines.eval_sets import baseline_model, eval_sets
+    from stoker.lines.eval_sets import baseline_model, eval_sets, mixture_sets
     from stoker.run.manifest import read_manifest
     from stoker.run.plan import read_plan
 
@@ -160,7 +161,7 @@ def evaluate_night(manifest_path: str | Path, plan_path: str | Path, folder: str
     if not files.parent.is_file():
         return None
     parent = json.loads(files.parent.read_text())
-    sets = eval_sets(run.holdout, parent, m.ds, m.corpus, count)
+    sets = eval_sets(run.holdout, parent, m.ds, m.corpus, count) | mixture_sets(mix_plan, m.corpus)
     if not sets:
         return None
     baseline = baseline_model(parent)

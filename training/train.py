@@ -81,7 +81,7 @@ def _evaluate(args: TrainArgs) -> None:
     log = logging.getLogger("stoker.train")
     torch.set_num_threads(max(1, os.cpu_count() or 1))  # the other ranks are done: rank 0 has the machine
     try:
-        result = evaluate_night(args.manifest, args.plan, args.out)
+        result = evaluate_night(args.manifest, args.plan, args.out, args.mix)
     except Exception:  # noqa: BLE001 - the model is trained and exported; the evaluate task scores it itself
         log.warning("scoring the held-out sets failed; the evaluate task will score them", exc_info=True)
         return

@@ -79,10 +79,11 @@ def run_for_dag_run(dag_id: str, run_id: str) -> Path | None:
     import json
 
     from stoker import paths
-    from stoker.run.plan import corpus_of
+    from stoker.run.plan import corpus_of, line_of
 
-    corpus = corpus_of(dag_id) or dag_id
-    for run in sorted((RunLayout(d) for d in (paths.runs_dir() / corpus).glob("*")), reverse=True,
+    line = line_of(dag_id)
+    corpora = [corpus_of(dag_id) or dag_id] if line is None else _line_corpora(line)
+    for run in sorted((RunLayout(d) for c in corpora for d in (paths.runs_dir() / c).glob("*")), reverse=True,
                       key=lambda r: r.run_dir.name):
         try:
             data = json.loads(run.timings.read_text())
@@ -91,6 +92,18 @@ def run_for_dag_run(dag_id: str, run_id: str) -> Path | None:
         if any(isinstance(row, dict) and row.get("run") == run_id for row in data.values()):
             return run.run_dir
     return None
+
+
+def _line_corpora(line: str) -> list[str]:
+    """The corpora a mixture line's nights may be recorded under (their lead): its mix's."""
+    from stoker import paths
+    from stoker.config.line import lines_dir, load_line
+    from stoker.exceptions import StokerError
+
+    try:
+        return sorted(load_line(lines_dir(paths.corpora_dir()) / f"{line}.yaml").mix.shares)
+    except StokerError:
+        return []
 
 
 def _page(title: str, body: str) -> HTMLResponse:

@@ -99,3 +99,36 @@ def check_line(line: LineConfig, corpora: dict[str, Any]) -> list[str]:
         errors.append(f"line {line.name}: its corpora pack differently (seq_len, tokenizer): {packed}; a batch mixes "
                       "their rows, so they must agree")
     return errors
+
+
+def load_lines(corpora_folder: Path, corpora: dict[str, Any]) -> tuple[list[LineConfig], list[str]]:
+    """Every ``lines/*.yaml`` under ``corpora_folder`` that validates and mixes ``corpora`` (name → CorpusConfig),
+    and a message for each that does not (one broken line must not take the others down)."""
+    good, errors = [], []
+    for p in sorted(lines_dir(corpora_folder).glob("*.yaml")):
+        try:
+            line = load_line(p)
+        except ConfigError as e:
+            errors.append(str(e))
+            continue
+        found = check_line(line, corpora)
+        if found:
+            errors += [f"{p}: {e}" for e in found]
+        else:
+            good.append(line)
+    return good, errors
+
+
+def mixed_corpora(corpora_folder: Path) -> dict[str, str]:
+    """Corpus → the line file whose mix names it, valid or not: such a corpus publishes its nights for the line's
+    DAG and never trains them alone (a line with an error trains nothing until it is fixed; its error says why)."""
+    out: dict[str, str] = {}
+    for p in sorted(lines_dir(corpora_folder).glob("*.yaml")):
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, OSError):
+            continue
+        shares = ((data or {}).get("mix") or {}).get("shares") if isinstance(data, dict) else None
+        if isinstance(shares, dict):
+            out.update({str(k): p.stem for k in shares})
+    return out

@@ -46,3 +46,17 @@ def eval_sets(night: Path, parent: dict[str, Any], ds: str, corpus: str, forgett
             sets[f"forgetting:{entry['ds']}.{entry.get('corpus', '')}"] = held
             earlier += 1
     return sets
+
+
+def mixture_sets(mix_plan: str | Path | None, lead: str) -> dict[str, Path]:
+    """A mixture night's other components' held-out documents, ``night:<corpus>`` (its lead's are ``night``); none
+    for a night of one corpus (``mix_plan`` None). A component that held out no document has no set."""
+    from stoker.layout import RunLayout
+    from stoker.lines.mix_plan import read_plan
+    from stoker.run.holdout import documents
+
+    if not mix_plan:
+        return {}
+    plan = read_plan(mix_plan)
+    held = {k: RunLayout.of_manifest(p).holdout for k, p in sorted(plan.manifests.items()) if k != lead}
+    return {f"night:{k}": folder for k, folder in held.items() if documents(folder)}

@@ -10,6 +10,9 @@ the file's one writer; :func:`write_plan` checks, at the write:
   (sha256) — a batch mixes their rows, so a difference would feed one corpus's ids to another's embedding;
 * a plan already on disk is only ever rewritten with the same content (a relaunch); another mixture for the same
   night is refused, naming both, since its trainer's checkpoint counts rows of the old one.
+
+It owns the night's claim too (:func:`claim_night`): each corpus's publication of a date can start a run of the
+line's DAG, and exactly one of them trains the night.
 """
 
 from __future__ import annotations
@@ -170,3 +173,49 @@ def plan_night(line: LineConfig, ds: str, now: float) -> tuple[Arrivals | None, 
         return replace(arr, ready=False, why=f"no corpus has rows for the night: {missing}"), None
     mix = rest_of(line.mix, present) if missing else line.mix
     return arr, write_plan(path, plan_mixture(mix, {k: found[k] for k in present}, missing))
+
+
+def lead_of(line: LineConfig, plan: MixPlan) -> str:
+    """The component whose run folder holds the mixture night's trainer, evaluation and summary, and whose train
+    settings it trains with: the line's ``lead``, or when the lead missed the night, the largest share present
+    (ties: the first name)."""
+    if line.lead in plan.manifests:
+        return line.lead
+    return min(plan.manifests, key=lambda k: (-plan.mix.shares[k], k))
+
+
+def claim_night(line: str, ds: str, run_id: str) -> str | None:
+    """Claim night ``ds`` of ``line`` for the Airflow run ``run_id``: None when it is this run's (claimed now, or
+    before by this very run: a retry, a clear), else the run that claimed it first. The claim is made with an
+    exclusive create, so two runs that ask at once cannot both win."""
+    import os
+
+    from stoker.layout import LineLayout
+
+    path = LineLayout.of(line).mix_claim(ds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            owner = str(json.loads(path.read_text())["run_id"])
+        except (OSError, ValueError, KeyError) as e:
+            raise StokerError(f"{path} does not say which run trains night {ds} ({e}): remove it, and clear the "
+                              "plan task of the run that should train it") from e
+        return None if owner == run_id else owner
+    with os.fdopen(fd, "w") as f:
+        json.dump({"run_id": run_id, "line": line, "ds": ds}, f)
+    return None
+
+
+def planned_lead(line: str, ds: str) -> str | None:
+    """The lead component of night ``ds`` of mixture line ``line`` once it is planned (None before): its run
+    folder is where the night's trainer, evaluation, stage timings and summary are."""
+    from stoker import paths
+    from stoker.config.line import lines_dir, load_line
+    from stoker.layout import LineLayout
+
+    path = LineLayout.of(line).mix_plan(ds)
+    if not path.is_file():
+        return None
+    return lead_of(load_line(lines_dir(paths.corpora_dir()) / f"{line}.yaml"), read_plan(path))

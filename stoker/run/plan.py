@@ -24,6 +24,7 @@ from stoker.files import atomic_write_json
 from stoker.layout import RunLayout, run_topic
 
 DAG_PREFIX = "refresh_"
+LINE_DAG_PREFIX = "line_"
 PLAN_VERSION = 1
 
 
@@ -35,6 +36,16 @@ def refresh_dag(corpus: str) -> str:
 def corpus_of(dag: str) -> str | None:
     """The corpus a refresh DAG serves; None for any other DAG."""
     return dag[len(DAG_PREFIX):] if dag.startswith(DAG_PREFIX) else None
+
+
+def line_dag(line: str) -> str:
+    """The DAG that trains mixture line ``line`` (``corpora/lines/<line>.yaml``)."""
+    return f"{LINE_DAG_PREFIX}{line}"
+
+
+def line_of(dag: str) -> str | None:
+    """The mixture line a line DAG trains; None for any other DAG."""
+    return dag[len(LINE_DAG_PREFIX):] if dag.startswith(LINE_DAG_PREFIX) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,21 +1,37 @@
 """A line's mixture config (``corpora/lines/<name>.yaml``) and its night's plan (stoker/lines/mix_plan.py): the
 deadline rule against a small reference, the plan written once over the corpora that published, a late corpus
-that cannot change a written plan, and manifests that cannot share a batch refused by name."""
+that cannot change a written plan, manifests that cannot share a batch refused by name, and the night claimed by
+one run of the line's DAG (a state machine against a reference) while the plan task waits."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from stoker.config.corpus import load_corpus
 from stoker.config.line import check_line, load_line
 from stoker.exceptions import ConfigError, StokerError
 from stoker.layout import LineLayout, RunLayout
-from stoker.lines.mix_plan import arrivals, plan_mixture, plan_night, read_plan, write_plan
+from stoker.lines.mix_plan import (
+    arrivals,
+    claim_night,
+    lead_of,
+    plan_mixture,
+    plan_night,
+    read_plan,
+    rest_of,
+    write_plan,
+)
 from stoker.lines.mixture import Mix
 from stoker.run.manifest import Manifest, PartitionRange, write_manifest
 
@@ -131,3 +147,82 @@ def test_manifests_that_cannot_share_a_batch_are_refused_by_name(home):
         plan_mixture(Mix(shares={"web": 0.5, "code": 0.5}), paths)
     with pytest.raises(ConfigError, match="no share for"):
         plan_mixture(Mix(shares={"web": 1.0}), paths)
+
+
+RUNS = st.sampled_from(["scheduled__a", "asset_triggered__b", "manual__c"])
+DATES = st.sampled_from(["2026-12-01", "2026-12-02"])
+
+
+class ClaimMachine(RuleBasedStateMachine):
+    """The night claims of a line (``mixes/<ds>.claim.json``) against ``self.model``: date → the first run that
+    claimed it. Every asking run but the first is told the first's id; the first is told the night is its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="claim-states-"))
+        self.before = os.environ.get("STOKER_HOME")
+        os.environ["STOKER_HOME"] = str(self.root)
+        self.model: dict[str, str] = {}
+
+    def teardown(self) -> None:
+        if self.before is None:
+            os.environ.pop("STOKER_HOME", None)
+        else:
+            os.environ["STOKER_HOME"] = self.before
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @rule(run=RUNS, ds=DATES)
+    def claim(self, run: str, ds: str) -> None:
+        owner = claim_night("mixed", ds, run)
+        first = self.model.setdefault(ds, run)
+        assert owner == (None if first == run else first)
+
+    @invariant()
+    def the_files_are_the_model(self) -> None:
+        for ds in ("2026-12-01", "2026-12-02"):
+            path = LineLayout.of("mixed").mix_claim(ds)
+            assert (json.loads(path.read_text())["run_id"] if path.is_file() else None) == self.model.get(ds)
+
+
+ClaimMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=12, deadline=None)
+test_a_night_is_claimed_by_one_run = ClaimMachine.TestCase
+
+
+def test_a_torn_claim_names_its_file_and_the_fix(home):
+    path = LineLayout.of("mixed").mix_claim("2026-12-01")
+    path.parent.mkdir(parents=True)
+    path.write_text("")
+    with pytest.raises(StokerError, match="does not say which run trains night 2026-12-01.*remove it"):
+        claim_night("mixed", "2026-12-01", "manual__a")
+
+
+def test_the_lead_is_the_lines_or_the_largest_share_present(home, tmp_path):
+    line = load_line(line_file(tmp_path, "mix: {shares: {web: 0.6, code: 0.3, papers: 0.1}}\nlead: code\n"))
+    ds = "2026-12-01"
+    full = plan_mixture(line.mix, {k: manifest(k, ds, 100) for k in SHARES})
+    assert lead_of(line, full) == "code"
+    rest = plan_mixture(rest_of(line.mix, ["papers", "web"]), {k: RunLayout.of(k, ds).manifest
+                                                                for k in ("papers", "web")}, {"code": "late"})
+    assert lead_of(line, rest) == "web"  # the lead missed the night: the largest share present leads it
+
+
+def test_the_plan_task_waits_claims_and_skips_a_second_run_of_the_date(home, tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from stoker_airflow.sensors.mix import MixPlanSensor
+
+    (tmp_path / "corpora" / "lines").mkdir(parents=True)
+    (tmp_path / "corpora" / "lines" / "mixed.yaml").write_text("mix: {shares: {web: 0.6, code: 0.4}}\n"
+                                                               "deadline: {after_s: 3600}\n")
+    monkeypatch.setenv("STOKER_CORPORA", str(tmp_path / "corpora"))
+    ds = "2026-12-01"
+    sensor = MixPlanSensor(task_id="plan", line="mixed", ds=ds)
+    manifest("web", ds, 60, at=time.time())
+    assert sensor.poke({"run_id": "asset_triggered__web"}) is False  # code has not published: the night waits
+    with pytest.raises(AirflowSkipException, match="trained by run 'asset_triggered__web'"):
+        sensor.poke({"run_id": "asset_triggered__code"})  # started by code's publication: the first run trains it
+    manifest("code", ds, 40, at=time.time())
+    done = sensor.poke({"run_id": "asset_triggered__web"})
+    assert done.is_done and done.xcom_value["lead"] == "web" and done.xcom_value["manifest"] == str(
+        RunLayout.of("web", ds).manifest.resolve())
+    assert read_plan(done.xcom_value["plan"]).night.rows == {"web": 60, "code": 40}

@@ -5,8 +5,10 @@ sets, and otherwise scores in a process of its own where it runs (the ``train.qu
 
 Sets: ``night`` (this night's held-out documents) and ``forgetting:<ds>.<corpus>`` for the line's earlier
 nights that kept theirs (the latest ``forgetting_nights`` of the night's lineage): what this night cost the
-earlier data. The baseline is the night's parent (the line's head it continued), absent for a line's first
-night from random weights. The figures go to the run's ``eval.json``; the run summary carries them.
+earlier data. A mixture night (a line's DAG) is scored on every component's held-out documents too:
+``night`` is its lead's, ``night:<corpus>`` each other's, and the gate holds it when any of them regresses.
+The baseline is the night's parent (the line's head it continued), absent for a line's first night from
+random weights. The figures go to the run's ``eval.json``; the run summary carries them.
 """
 
 from __future__ import annotations
@@ -59,12 +61,14 @@ class NightEvalOperator(BaseOperator):
     line (:mod:`stoker.lines.ledger`); a night with no document to score (``eval.holdout_per_mille`` 0, or a drop
     too small for one document, and no earlier night's set) is decided by ``eval.ungated``."""
 
-    template_fields: Sequence[str] = ("manifest_path",)
+    template_fields: Sequence[str] = ("manifest_path", "mix_plan_path")
 
-    def __init__(self, *, manifest_path: str, timeout_s: int = 3600, **kwargs: Any) -> None:
+    def __init__(self, *, manifest_path: str, timeout_s: int = 3600, mix_plan_path: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.manifest_path = manifest_path
         self.timeout_s = timeout_s
+        self.mix_plan_path = mix_plan_path
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
@@ -100,12 +104,13 @@ class NightEvalOperator(BaseOperator):
 
     def evaluate(self, m: Any, run: Any, cfg: Any) -> dict[str, Any]:
         """The figures (``eval.json``); no set with a document to score: none, and ``eval.ungated`` decides."""
-        from stoker.lines.eval_sets import baseline_model, eval_sets
+        from stoker.lines.eval_sets import baseline_model, eval_sets, mixture_sets
 
         files = run.trainer(m.topic)
         parent = json.loads(files.parent.read_text()) if files.parent.is_file() else {}
         baseline = baseline_model(parent)
         sets = eval_sets(run.holdout, parent, m.ds, m.corpus, cfg.eval.forgetting_nights)
+        sets |= mixture_sets(self.mix_plan_path, m.corpus)
         if not sets:
             self.log.warning("%s: no held-out document to score it on (its own: %d, eval.holdout_per_mille %s; no "
                              "earlier night's set): eval.ungated (%s) decides", m.run_id, m.holdout.get("docs", 0),

@@ -45,15 +45,21 @@ class DeepSpeedTrainOperator(BaseOperator):
     interval, and Airflow's retry (``retries``: the corpus's ``train.max_restarts``) relaunches it from
     its latest checkpoint, whose Kafka offsets make the resume exact. A retry while a trainer still
     runs adopts it instead of starting a second one on the same checkpoint folder.
+
+    A mixture night (``mix_plan_path``: a line's DAG) trains the plan's rows of every component's topic; the
+    manifest is then its lead component's. The night is over when the trainer exits cleanly, not when the lead's
+    lag reaches 0 (a shrunk night leaves records of it unread by design): the trainer exits 0 only once every
+    partition of every topic gave the rows the plan names (``DataLost`` otherwise).
     """
 
-    template_fields: Sequence[str] = ("manifest_path",)
+    template_fields: Sequence[str] = ("manifest_path", "mix_plan_path")
 
     def __init__(self, *, manifest_path: str, kafka_config_id: str = "kafka_default",
                  extra_args: list[str] | None = None, poll_interval: float = 5.0, gate_task_id: str | None = None,
-                 **kwargs: Any) -> None:
+                 mix_plan_path: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.manifest_path = manifest_path
+        self.mix_plan_path = mix_plan_path
         self.kafka_config_id = kafka_config_id
         self.extra_args = list(extra_args or [])
         """Trainer flags for a debugging or benchmark run (``--max-steps``, ``--set``); none in a refresh."""
@@ -100,6 +106,12 @@ class DeepSpeedTrainOperator(BaseOperator):
 
             raise AirflowSkipException(skipped)
         train = self.train_config()
+        if self.mix_plan_path and train.replay > 0:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(f"{m.corpus}: train.replay = {train.replay} and the night is a mixture "
+                                       f"({self.mix_plan_path}): replay inside a mixture is not built yet; set "
+                                       "train.replay to 0 in the line's corpora")
         # before anything of the night's trainer is touched: another night may hold the line
         take_line_lease(train, m, context["ti"])
         launcher = self._launcher(m)
@@ -112,7 +124,8 @@ class DeepSpeedTrainOperator(BaseOperator):
             launcher.files.failure.unlink(missing_ok=True)
             hook = StokerKafkaHook(self.kafka_config_id)
             config = hook.subprocess_config()
-            extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if train.log_keys else [])]
+            extra = [*self.extra_args, *(["--log-keys", str(launcher.files.keys_log)] if train.log_keys else []),
+                     *(["--mix", self.mix_plan_path] if self.mix_plan_path else [])]
             parent = launch_parent(train, launcher.files, m)
             prepare_replay(train, launcher.files, m, parent, hook.client_config())
             self.log.info("night %s of line %s starts from %s", m.ds, train.line, parent.describe())
@@ -126,9 +139,25 @@ class DeepSpeedTrainOperator(BaseOperator):
             pid = launcher.start(m, cmd, env, train.world_size)
             self.log.info("trainer started (pid %d, %d ranks, try %d): %s; log %s", pid, train.world_size,
                           context["ti"].try_number, " & ".join(" ".join(c) for c in cmd), launcher.files.log)
+        # a mixture's lead lag is no measure of the night (see the class): its trainer's clean exit is
         self.defer(trigger=lag_trigger(m, consumer_group(m.topic), self.kafka_config_id, self.poll_interval,
-                                       time.time() + train.timeout_s, rc_file=str(launcher.files.rc)),
+                                       time.time() + train.timeout_s, rc_file=str(launcher.files.rc),
+                                       max_lag=m.sequences if self.mix_plan_path else 0),
                    method_name="execute_complete")
+
+    def _check_mixture(self, files: Any) -> None:
+        """The trainer's summary accounts for the plan's night (what ``stoker runs show`` reports)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from stoker.lines.mix_plan import read_plan
+
+        plan = read_plan(str(self.mix_plan_path))
+        summary = json.loads(files.summary.read_text()) if files.summary.is_file() else {}
+        trained = (summary.get("mixture") or {}).get("realised", {}).get("rows")
+        if trained != plan.night.rows:
+            raise AirflowFailException(f"the trainer exited cleanly but its summary ({files.summary}) accounts for "
+                                       f"rows {trained}, the plan {self.mix_plan_path} names {plan.night.rows}: see "
+                                       f"{files.log}")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -143,7 +172,10 @@ class DeepSpeedTrainOperator(BaseOperator):
         train = self.train_config()
         if event["status"] == Status.CAUGHT_UP:
             holdout = RunLayout.of_manifest(self.manifest_path).holdout
-            keep_replay_store(train, m, launcher.files, StokerKafkaHook(self.kafka_config_id).client_config())
+            if self.mix_plan_path:
+                self._check_mixture(launcher.files)
+            else:
+                keep_replay_store(train, m, launcher.files, StokerKafkaHook(self.kafka_config_id).client_config())
             night = join_line(train, m, launcher.files, holdout)
             if self.gate_task_id:  # no night of the line launches before the gate decided
                 hand_line_lease_to(train, m, context["ti"], self.gate_task_id)
