@@ -89,6 +89,21 @@ train:
 """
 
 
+MIXED = PAIR.replace("One of two corpora feeding the model line `pair`.",
+                     "A component of the mixture line `mixline` (corpora/lines/mixline.yaml).").replace(
+    "line: pair", "line: mixline")
+MIXLINE = """\
+description: three corpora at 0.6/0.3/0.1, trained as one night by the line's DAG
+mix:
+  shares: {mix_web: 0.6, mix_code: 0.3, mix_papers: 0.1}
+  when_short: repeat
+  max_repeats: 4
+deadline:
+  after_s: 900
+"""
+MIX_DOCS = {"mix_web": 240, "mix_code": 120, "mix_papers": 80}
+"""About 116, 58 and 40 rows of 65 tokens: the night is 193 rows, and the padding of a pack task's last row is too
+little of any corpus's share to move it by half a point (stoker/lines/mixture.py)."""
 GATED = """\
 name: gated
 description: A line started from a model pre-trained on English; its night trains on gibberish, the gate holds it.
@@ -127,6 +142,10 @@ the suite runs (Airflow starts no task of a run whose logical date is ahead of n
 def pair_dates() -> list[date]:
     today = datetime.now(UTC).date()
     return [today - timedelta(days=6)]
+
+
+def mix_date() -> date:
+    return datetime.now(UTC).date() - timedelta(days=5)
 
 
 def nightly_dates() -> list[date]:
@@ -214,6 +233,10 @@ def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
     for name in ("pair_a", "pair_b"):
         (home / "corpora" / f"{name}.yaml").write_text(PAIR.format(name=name))
     (home / "corpora" / "gated.yaml").write_text(GATED.replace("START", str(home / "models" / "start")))
+    for name in MIX_DOCS:
+        (home / "corpora" / f"{name}.yaml").write_text(MIXED.format(name=name))
+    (home / "corpora" / "lines").mkdir()
+    (home / "corpora" / "lines" / "mixline.yaml").write_text(MIXLINE)
     shutil.copytree(sample_corpus["tokenizer"].parent, home / "tokenizers" / "sample-bpe-8192")
     # a smaller sample (same kinds of records, bad ones included) keeps a UI-triggered run short
     sample.write_corpus(home / "data" / "sample", shards=2, max_docstring_bytes=120_000)
@@ -233,6 +256,13 @@ def _prepare(home: Path, sample_corpus: dict[str, Path]) -> None:
             docs = texts[2000 + (2 * i + j) * 30:2000 + (2 * i + j + 1) * 30]
             (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
             (folder / "_SUCCESS").write_text("")
+    at = 4000
+    for name, n in MIX_DOCS.items():
+        folder = home / "data" / name / mix_date().isoformat()
+        folder.mkdir(parents=True)
+        (folder / "part-00000.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[at:at + n]))
+        (folder / "_SUCCESS").write_text("")
+        at += n
     _gated_night(home, sample_corpus, texts)
 
 
@@ -477,6 +507,37 @@ def test_two_corpora_feed_one_line_under_the_scheduler(local_stack: StackEnv):
     card = (folder / f"{first}.{two['corpus']}" / "hf" / "README.md").read_text()
     assert all(f"| {first} | {c} | `{recs[f'{first}.{c}']['topic']}` |" in card for c in ("pair_a", "pair_b")), card
     assert "2 night(s)" in card
+
+
+def test_three_corpora_publish_and_their_mixture_lines_dag_starts_by_itself(local_stack: StackEnv):
+    """Their three publish DAGs run for one date; each publication starts the line's DAG for that date (asset
+    partitions), one of those runs claims and trains the night, the others skip; `stoker runs show` reports the
+    realised shares within half a point of the targets, every planned row trained."""
+    s = local_stack
+    ds = mix_date().isoformat()
+    s.rest("PATCH", "/dags/line_mixline", json={"is_paused": False})
+    for dag in (f"refresh_{k}" for k in MIX_DOCS):
+        s.rest("PATCH", f"/dags/{dag}", json={"is_paused": False})
+        s.rest("POST", f"/dags/{dag}/dagRuns", json={"logical_date": f"{ds}T02:00:00Z"})
+    for dag in (f"refresh_{k}" for k in MIX_DOCS):
+        s.wait_runs(dag, lambda r: True, 1, timeout=900)
+    deadline = time.monotonic() + 900
+    while not any(r["state"] == "success" for r in s.dag_runs("line_mixline")):
+        runs = s.dag_runs("line_mixline")
+        assert not [r for r in runs if r["state"] == "failed"], s.failure_logs("line_mixline")
+        assert time.monotonic() < deadline, [(r["dag_run_id"], r["state"]) for r in runs]
+        time.sleep(2)
+    runs = s.dag_runs("line_mixline")
+    assert {r.get("partition_key") for r in runs} == {ds}, runs  # started by the publications, keyed by the date
+    claim = json.loads((s.home / "lines" / "mixline" / "mixes" / f"{ds}.claim.json").read_text())
+    trained = [r for r in runs if r["dag_run_id"] == claim["run_id"]]
+    assert len(trained) == 1 and trained[0]["state"] == "success"
+    shown = json.loads(s.stoker("runs", "show", f"mix_web/{ds}", "--json").stdout)
+    mixture = shown["training"]["mixture"]
+    assert mixture["realised"]["rows"] == mixture["planned_rows"] and not mixture["missing"]
+    shares = mixture["realised"]["token_shares"]
+    assert all(abs(shares[k] - v) <= 0.005 for k, v in mixture["targets"].items()), (shares, mixture["targets"])
+    assert (s.home / "lines" / "mixline" / "nights" / f"{ds}.mix_web" / "night.json").is_file()
 
 
 def _check_line(s: StackEnv, nights: list[str], topics: dict[str, str]) -> None:
