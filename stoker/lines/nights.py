@@ -157,13 +157,17 @@ class Night:
     """Join order in the line (1 for its first night); set when the night joins."""
     replayed: int = 0
     """Sequences of earlier nights trained again in this night (``train.replay``)."""
+    mixture: dict[str, Any] = field(default_factory=dict)
+    """A mixture night's corpora (``topic`` and ``offsets`` above are its lead's): ``components``, corpus → its topic,
+    the rows it trained, published, repeated and left in its topic, its target and realised label-token share; and
+    ``missing``, the line's corpora it trained without and why. Empty for a night of one corpus."""
     lineage: list[dict[str, Any]] = field(default_factory=list)
     """Every night of the model's history, oldest first, this one last (plus its HF start, if any)."""
 
     def entry(self) -> dict[str, Any]:
         keys = ("ds", "corpus", "topic", "sequences", "tokens", "steps", "first_loss", "last_loss", "offsets",
                 "partition_sequences")
-        return {k: getattr(self, k) for k in keys}
+        return {k: getattr(self, k) for k in keys} | ({"mixture": self.mixture} if self.mixture else {})
 
 
 def night_record(manifest: Any, summary: dict[str, Any], parent: Parent) -> Night:
@@ -181,7 +185,20 @@ def night_record(manifest: Any, summary: dict[str, Any], parent: Parent) -> Nigh
               first_loss=summary.get("first_loss"), last_loss=summary.get("last_loss"),
               offsets={str(p.partition): [p.start_offset, p.end_offset] for p in manifest.partitions},
               partition_sequences={str(p.partition): p.sequences for p in manifest.partitions},
-              replayed=int(summary.get("sequences_replayed", 0)),
+              replayed=int(summary.get("sequences_replayed", 0)), mixture=_mixture(summary.get("mixture")),
               trained_at=datetime.now(UTC).isoformat(timespec="seconds"))
     n.lineage = [*history, n.entry()]
     return n
+
+
+def _mixture(mix: dict[str, Any] | None) -> dict[str, Any]:
+    """What the line keeps of a mixture night's train summary (training/data/mixture_source.py's ``summary``)."""
+    if not mix:
+        return {}
+    real = mix["realised"]
+    return {"components": {k: {"topic": mix["topics"][k], "rows": real["rows"].get(k, 0),
+                               "published": mix["available"].get(k, 0), "repeated": mix["repeated"].get(k, 0),
+                               "left": mix["left"].get(k, 0), "target": target,
+                               "token_share": real["token_shares"].get(k, 0.0)}
+                           for k, target in mix["targets"].items()},
+            "missing": dict(mix.get("missing", {}))}

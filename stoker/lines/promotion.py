@@ -116,4 +116,17 @@ def model_card(n: Night) -> str:
                      f"{e['tokens']:,} | {e['steps']} | {_loss(e['first_loss'])} | {_loss(e['last_loss'])} |")
     total = sum(e["tokens"] for e in rows)
     lines += ["", f"{len(rows)} night(s), {total:,} tokens in all.", ""]
+    mixed = [e for e in rows if e.get("mixture")]
+    if mixed:
+        lines += ["## Mixture nights", "", "A night over several corpora: the rows each trained (its label-token "
+                  "share, and the share asked for), of what it published.", "",
+                  "| night | corpus | topic | rows | of published | token share | target |",
+                  "|---|---|---|---|---|---|---|"]
+        for e in mixed:
+            for k, c in e["mixture"]["components"].items():
+                lines.append(f"| {e['ds']} | {k} | `{c['topic']}` | {c['rows']:,} | {c['published']:,} | "
+                             f"{c['token_share']:.4f} | {c['target']:.4f} |")
+            missing = e["mixture"].get("missing", {})
+            lines += [f"| {e['ds']} | {k} | — | not trained: {why} | | | |" for k, why in missing.items()]
+        lines.append("")
     return "\n".join(lines)

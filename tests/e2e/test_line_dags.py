@@ -144,7 +144,13 @@ def test_a_mixture_line_trains_its_corpora_night_in_one_run(kafka_config, sample
     assert all(sets[k]["all"]["docs"] == 3 for k in ("night", "night:code", "night:papers"))
     assert shown["eval"]["decision"]["decision"] == "promoted"
     night = json.loads(line.night(DS, "web").record.read_text())
-    assert night["topic"] == json.loads(runs["web"].manifest.read_text())["topic"]
+    topics = {k: json.loads(r.manifest.read_text())["topic"] for k, r in runs.items()}
+    assert night["topic"] == topics["web"]  # the lead's; the line keeps every corpus's topic and rows too
+    kept = night["mixture"]["components"]
+    assert {k: (c["topic"], c["rows"]) for k, c in kept.items()} == {k: (topics[k], plan.night.rows[k]) for k in SHARES}
+    card = line.night(DS, "web").card.read_text()
+    assert "## Mixture nights" in card and all(f"| {DS} | {k} | `{topics[k]}` | {plan.night.rows[k]:,} |" in card
+                                               for k in SHARES), card
     # the run's stage timings are the lead's, so the run page finds the DAG run
     timings = json.loads(runs["web"].timings.read_text())
     assert {"plan", "train", "evaluate", "report"} <= set(timings)
