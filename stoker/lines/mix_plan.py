@@ -43,22 +43,34 @@ class MixPlan:
     night: NightMix
     missing: dict[str, str] = field(default_factory=dict)
     """Corpora of the line's mix the night trains without (``deadline.when_missing: train_rest``), and why."""
+    topics: dict[str, str] = field(default_factory=dict)
+    """Component → the topic its manifest named when the night was planned (empty in a plan of an earlier Stoker)."""
 
     def read_manifests(self) -> dict[str, Manifest]:
-        return {k: read_manifest(p) for k, p in self.manifests.items()}
+        """The components' manifests, each still the publication the night was planned over: a corpus re-published
+        since (its run's manifest now names another topic) is refused, since the plan's rows count the old one."""
+        read = {k: read_manifest(p) for k, p in self.manifests.items()}
+        moved = {k: (self.topics[k], m.topic) for k, m in read.items() if self.topics.get(k, m.topic) != m.topic}
+        if moved:
+            raise StokerError("the mixture night was planned over other publications than its manifests now name: "
+                              + "; ".join(f"{k} planned over {a}, {self.manifests[k]} now names {b}"
+                                          for k, (a, b) in sorted(moved.items()))
+                              + ". Its rows count the old topics: to train the new publications, remove the night's "
+                              "plan and its trainer folder and clear the line's run")
+        return read
 
     def to_dict(self) -> dict[str, Any]:
         mix = asdict(self.mix)
         mix["shares"] = dict(self.mix.shares)
         return {"version": PLAN_VERSION, "mix": mix, "manifests": dict(self.manifests), "night": asdict(self.night),
-                "missing": dict(self.missing)}
+                "missing": dict(self.missing), "topics": dict(self.topics)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str) -> MixPlan:
         if data.get("version") != PLAN_VERSION:
             raise StokerError(f"{where}: mix plan version {data.get('version')!r}, this Stoker reads {PLAN_VERSION}")
         return cls(mix=Mix(**data["mix"]), manifests=dict(data["manifests"]), night=NightMix(**data["night"]),
-                   missing=dict(data.get("missing", {})))
+                   missing=dict(data.get("missing", {})), topics=dict(data.get("topics", {})))
 
 
 def plan_mixture(mix: Mix, manifests: Mapping[str, str | Path], missing: Mapping[str, str] | None = None) -> MixPlan:
@@ -79,7 +91,7 @@ def plan_mixture(mix: Mix, manifests: Mapping[str, str | Path], missing: Mapping
                               "its tokenizer and seq_len")
     night = night_rows(mix, {k: m.sequences for k, m in read.items()})
     return MixPlan(mix=mix, manifests={k: str(Path(p).resolve()) for k, p in manifests.items()}, night=night,
-                   missing=dict(missing or {}))
+                   missing=dict(missing or {}), topics={k: m.topic for k, m in read.items()})
 
 
 def write_plan(path: Path, plan: MixPlan) -> MixPlan:

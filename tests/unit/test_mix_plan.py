@@ -33,7 +33,7 @@ from stoker.lines.mix_plan import (
     write_plan,
 )
 from stoker.lines.mixture import Mix
-from stoker.run.manifest import Manifest, PartitionRange, write_manifest
+from stoker.run.manifest import Manifest, PartitionRange, read_manifest, write_manifest
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
@@ -226,3 +226,19 @@ def test_the_plan_task_waits_claims_and_skips_a_second_run_of_the_date(home, tmp
     assert done.is_done and done.xcom_value["lead"] == "web" and done.xcom_value["manifest"] == str(
         RunLayout.of("web", ds).manifest.resolve())
     assert read_plan(done.xcom_value["plan"]).night.rows == {"web": 60, "code": 40}
+
+
+def test_a_corpus_republished_after_the_night_was_planned_is_refused_by_name(home, tmp_path):
+    line = load_line(line_file(tmp_path, "mix: {shares: {web: 0.6, code: 0.4}}\n"))
+    ds = "2026-12-01"
+    for k in ("web", "code"):
+        manifest(k, ds, 50)
+    _, plan = plan_night(line, ds, now=T0 + 1)
+    assert plan is not None and plan.topics == {"web": "stoker.web.20261201.a1", "code": "stoker.code.20261201.a1"}
+    m = read_manifest(RunLayout.of("code", ds).manifest)
+    write_manifest(RunLayout.of("code", ds).run_dir, dataclasses.replace(m, topic="stoker.code.20261201.a2"))
+    again = plan_night(line, ds, now=T0 + 2)[1]
+    assert again == plan  # the written plan stands, and a trainer reading its manifests is told why it cannot
+    with pytest.raises(StokerError, match="code planned over stoker.code.20261201.a1, .* now names "
+                                          "stoker.code.20261201.a2"):
+        again.read_manifests()

@@ -54,6 +54,8 @@ class MixPlanSensor(BaseSensorOperator):
                     "publication of the same date, has nothing to do. To train the night in this run instead, remove "
                     "that file and clear this task")
             arrivals, plan = plan_night(line, self.ds, time.time())
+            if plan is not None:
+                plan.read_manifests()  # a corpus re-published since the night was planned is refused, named
         except StokerError as e:
             raise AirflowFailException(str(e)) from None  # a config or a plan a retry cannot fix
         if plan is None:
