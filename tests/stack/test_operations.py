@@ -359,7 +359,8 @@ def test_login_required(local_stack: StackEnv):
     r = httpx.post(f"{local_stack.api}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=10)
     assert r.status_code in (401, 403)
     dags = {d["dag_id"] for d in local_stack.rest("GET", "/dags")["dags"]}
-    assert dags == {"refresh_sample", "refresh_nightly", "refresh_pair_a", "refresh_pair_b", "refresh_gated"}
+    assert dags == {"refresh_sample", "refresh_nightly", "refresh_pair_a", "refresh_pair_b", "refresh_gated",
+                    *(f"refresh_{k}" for k in MIX_DOCS), "line_mixline"}
 
 
 def _logged_in(browser: Any, s: StackEnv) -> Any:
